@@ -1,0 +1,417 @@
+"""Redlock against real redis-server nodes: quorum, ownership, expiry, hand-off."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import pytest
+import redis
+
+from celery_redlock import Redlock, errors
+from celery_redlock.testing import RedisServer
+from tests.utils import all_topologies, evalsha_calls
+
+pytestmark = pytest.mark.integration
+
+
+def lock_keys(servers: list[RedisServer], pattern: str = "redlock:*") -> list[str]:
+    keys = []
+    for server in servers:
+        if server.running and not server.paused:
+            with server.client() as client:
+                keys += [k.decode() for k in client.scan_iter(pattern) if b":fence" not in k]
+    return keys
+
+
+@all_topologies
+def test_acquire_extend_release(topology, make_redlock):
+    redlock = make_redlock(topology)
+    lock = redlock.lock("invoice:42", ttl=2.0)
+    assert lock.acquire(blocking=False)
+    assert lock.locked()
+    assert 1.9 < lock.validity <= 2.0
+    assert isinstance(lock.fencing_token, int)
+    time.sleep(0.3)
+    lock.extend()
+    assert lock.validity > 1.9
+    assert lock.release() is True
+    assert not lock.locked()
+    assert lock.fencing_token is None
+    assert lock_keys(topology) == []
+
+
+@all_topologies
+def test_second_owner_is_refused_until_release(topology, make_redlock):
+    redlock = make_redlock(topology)
+    first = redlock.lock("k", ttl=5.0)
+    second = redlock.lock("k", ttl=5.0)
+    assert first.acquire(blocking=False)
+    assert not second.acquire(blocking=False)
+    assert not second.acquire(timeout=0.2)
+    first.release()
+    assert second.acquire(blocking=False)
+    second.release()
+
+
+def test_second_owner_cannot_release_or_extend_a_held_lock(servers, make_redlock):
+    redlock = make_redlock(servers[:3])
+    holder = redlock.lock("k", ttl=5.0)
+    assert holder.acquire(blocking=False)
+    # An impostor with a token of its own (as a stale or foreign client has).
+    impostor = redlock.lock("k", ttl=5.0)
+    impostor._value = "0" * 32
+    impostor._valid_until = time.monotonic() + 5
+    assert impostor.release() is False
+    assert holder.locked()
+    impostor._value = "0" * 32
+    impostor._valid_until = time.monotonic() + 5
+    with pytest.raises(errors.LockLost):
+        impostor.extend()
+    # The holder's keys are untouched by both.
+    assert len(lock_keys(servers[:3])) == 3
+    holder.extend()
+    assert holder.release() is True
+
+
+def test_expiry_frees_the_lock_and_the_expired_owner_loses_it(servers, make_redlock):
+    redlock = make_redlock(servers[:3])
+    first = redlock.lock("k", ttl=0.3)
+    assert first.acquire(blocking=False)
+    time.sleep(0.4)
+    assert not first.locked()
+    second = redlock.lock("k", ttl=5.0)
+    assert second.acquire(blocking=False)
+    with pytest.raises(errors.LockLost):
+        first.extend()
+    assert first.release() is False
+    assert second.locked()
+    assert len(lock_keys(servers[:3])) == 3
+    second.release()
+
+
+def test_extend_never_recreates_an_expired_key(servers, make_redlock):
+    redlock = make_redlock(servers[:3])
+    lock = redlock.lock("k", ttl=0.3)
+    assert lock.acquire(blocking=False)
+    time.sleep(0.4)
+    with pytest.raises(errors.LockLost):
+        lock.extend()
+    assert lock_keys(servers[:3]) == []
+
+
+def test_one_node_killed_still_works(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    lock = redlock.lock("k", ttl=2.0)
+    assert lock.acquire(blocking=False)
+    nodes[0].kill()
+    lock.extend()
+    assert lock.locked()
+    assert lock.release() is True
+    assert lock.acquire(blocking=False)
+    lock.release()
+
+
+def test_two_nodes_killed_raise_quorum_unavailable_quickly(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    nodes[0].kill()
+    nodes[1].kill()
+    lock = redlock.lock("k", ttl=2.0)
+    started = time.monotonic()
+    with pytest.raises(errors.QuorumUnavailable) as raised:
+        lock.acquire(timeout=5.0)
+    assert time.monotonic() - started < 0.5
+    assert raised.value.answered == 1
+    assert raised.value.needed == 2
+    assert "k" in str(raised.value)
+    assert not isinstance(raised.value, errors.LockNotAcquired)
+    assert lock_keys(nodes) == []
+
+
+def test_a_paused_node_costs_at_most_the_node_timeout(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes, node_timeout=0.05)
+    lock = redlock.lock("k", ttl=2.0)
+    assert lock.acquire(blocking=False)  # connections are open before the pause
+    lock.release()
+    nodes[1].pause()
+    for _ in range(3):
+        started = time.monotonic()
+        assert lock.acquire(blocking=False)
+        acquired_in = time.monotonic() - started
+        started = time.monotonic()
+        lock.extend()
+        extended_in = time.monotonic() - started
+        started = time.monotonic()
+        assert lock.release()
+        released_in = time.monotonic() - started
+        # node timeout (50 ms) + a generous margin for a loaded machine
+        assert acquired_in < 0.05 + 0.1, acquired_in
+        assert extended_in < 0.05 + 0.1, extended_in
+        assert released_in < 0.05 + 0.1, released_in
+
+
+def test_partial_acquisition_is_undone_everywhere(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    # Another owner holds the key on two nodes: we can only get one.
+    for server in nodes[1:]:
+        with server.client() as client:
+            client.set(redlock.key("k"), "someone-else", px=5000)
+    lock = redlock.lock("k", ttl=2.0)
+    assert not lock.acquire(blocking=False)
+    with nodes[0].client() as client:
+        assert client.get(redlock.key("k")) is None
+    for server in nodes[1:]:
+        with server.client() as client:
+            assert client.get(redlock.key("k")) == b"someone-else"
+
+
+def test_a_failed_attempt_undoes_only_where_its_token_may_be(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    for server in nodes:
+        server.client().set(redlock.key("busy"), "someone-else", px=5000)
+    for server in nodes[1:]:
+        server.client().set(redlock.key("partial"), "someone-else", px=5000)
+    before = [evalsha_calls(node) for node in nodes]
+    # Busy everywhere: one round trip, nothing to undo.
+    assert not redlock.lock("busy", ttl=2.0).acquire(blocking=False)
+    assert [evalsha_calls(node) - b for node, b in zip(nodes, before, strict=True)] == [1, 1, 1]
+    # Granted on node 0 only: the undo goes there alone.
+    assert not redlock.lock("partial", ttl=2.0).acquire(blocking=False)
+    assert [evalsha_calls(node) - b for node, b in zip(nodes, before, strict=True)] == [3, 2, 2]
+    assert nodes[0].client().get(redlock.key("partial")) is None
+
+
+def test_fencing_tokens_increase_through_a_node_restarted_empty(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    tokens = []
+    for i in range(50):
+        if i == 10:
+            nodes[0].kill()
+        if i == 25:
+            nodes[0].start()  # back, empty: its counter starts again from 0
+        if i == 35:
+            nodes[1].restart()  # a second node loses its counter too
+        lock = redlock.lock("fenced", ttl=2.0)
+        assert lock.acquire(blocking=False)
+        tokens.append(lock.fencing_token)
+        lock.release()
+    assert all(b > a for a, b in itertools.pairwise(tokens)), tokens
+
+
+def test_fencing_counter_has_a_ttl(servers, make_redlock):
+    redlock = make_redlock(servers[:1], fence_ttl=3600.0)
+    lock = redlock.lock("k", ttl=2.0)
+    with lock, servers[0].client() as client:
+        ttl = client.pttl(redlock.key("k") + ":fence")
+    assert 3_500_000 < ttl <= 3_600_000
+
+
+def test_blocked_waiter_takes_over_within_50_ms_of_release(servers, make_redlock):
+    redlock = make_redlock(servers[:3])
+    holder = redlock.lock("handoff", ttl=10.0)
+    assert holder.acquire(blocking=False)
+    acquired_at: list[float] = []
+
+    def wait() -> None:
+        waiter = redlock.lock("handoff", ttl=10.0)
+        assert waiter.acquire(timeout=10.0)
+        acquired_at.append(time.monotonic())
+        waiter.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.5)  # well past the first attempt: the waiter is asleep
+    released_at = time.monotonic()
+    holder.release()
+    thread.join(10)
+    assert acquired_at, "the waiter never got the lock"
+    assert acquired_at[0] - released_at < 0.05
+
+
+def test_waiter_wakes_even_when_the_holder_lacks_the_node_it_listens_on(servers, make_redlock):
+    # A lock needs a majority, not every node: here the holder never got the
+    # first node (the one a waiter listens on), yet its release must wake it.
+    redlock = make_redlock(servers[:3], retry_delay=5.0)
+    servers[0].client().set(redlock.key("partial"), b"someone-else", px=10_000)
+    holder = redlock.lock("partial", ttl=10.0)
+    assert holder.acquire(blocking=False)
+    acquired_at: list[float] = []
+
+    def wait() -> None:
+        waiter = redlock.lock("partial", ttl=10.0)
+        assert waiter.acquire(timeout=4.0)
+        acquired_at.append(time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.3)
+    released_at = time.monotonic()
+    holder.release()
+    thread.join(5)
+    assert acquired_at
+    assert acquired_at[0] - released_at < 0.05
+
+
+def test_waiter_wakes_when_the_holder_lets_the_lock_expire(servers, make_redlock):
+    redlock = make_redlock(servers[:3], retry_delay=5.0)
+    holder = redlock.lock("expiring", ttl=0.5)
+    assert holder.acquire(blocking=False)
+    started = time.monotonic()
+    waiter = redlock.lock("expiring", ttl=2.0)
+    assert waiter.acquire(timeout=4.0)
+    # The retry delay is 5 s, but the waiter knew the key's time to live.
+    assert time.monotonic() - started < 1.0
+    waiter.release()
+
+
+def test_blocking_acquire_gives_up_at_its_timeout(servers, make_redlock):
+    redlock = make_redlock(servers[:3])
+    holder = redlock.lock("busy", ttl=10.0)
+    assert holder.acquire(blocking=False)
+    started = time.monotonic()
+    assert not redlock.lock("busy").acquire(timeout=0.3)
+    assert 0.3 <= time.monotonic() - started < 0.8
+    with pytest.raises(errors.LockNotAcquired) as raised, redlock.lock("busy", timeout=0.1):
+        pass
+    assert raised.value.key == "busy"
+    holder.release()
+
+
+def test_context_manager_releases_on_error(servers, make_redlock):
+    redlock = make_redlock(servers[:3])
+    lock = redlock.lock("ctx", ttl=5.0)
+
+    def fail_inside() -> None:
+        with lock:
+            assert lock.locked()
+            raise ZeroDivisionError
+
+    with pytest.raises(ZeroDivisionError):
+        fail_inside()
+    assert not lock.locked()
+    assert lock_keys(servers[:3]) == []
+
+
+def test_thousand_pairs_leave_no_key_behind(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    for i in range(1000):
+        lock = redlock.lock(f"pair:{i % 7}", ttl=5.0)
+        assert lock.acquire(blocking=False)
+        lock.release()
+    assert lock_keys(nodes) == []
+
+
+def test_script_cache_flushed_is_reloaded(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    with redlock.lock("k", ttl=2.0):
+        pass
+    for server in nodes:
+        with server.client() as client:
+            client.script_flush()
+    lock = redlock.lock("k", ttl=2.0)
+    assert lock.acquire(blocking=False)
+    lock.extend()
+    assert lock.release()
+
+
+def test_threads_sharing_one_redlock_exclude_each_other(servers, make_redlock, witness):
+    redlock = make_redlock(servers[:3])
+    overlaps = []
+    done = []
+
+    def work() -> None:
+        with witness.client() as w:
+            for _ in range(25):
+                with redlock.lock("shared", ttl=5.0, timeout=20.0):
+                    if w.incr("inside") != 1:
+                        overlaps.append(1)
+                    w.decr("inside")
+                done.append(1)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(done) == 150
+    assert overlaps == []
+
+
+def test_clients_and_unix_sockets_and_passwords_as_nodes(tmp_path):
+    socket_path = str(tmp_path / "redis.sock")
+    with (
+        RedisServer(extra_args=("--unixsocket", socket_path, "--unixsocketperm", "700")),
+        RedisServer(extra_args=("--requirepass", "s3cret")) as guarded,
+        RedisServer() as plain,
+    ):
+        redlock = Redlock(
+            [
+                f"unix://{socket_path}?db=0",
+                f"redis://:s3cret@127.0.0.1:{guarded.port}/0",
+                redis.Redis(host="127.0.0.1", port=plain.port, decode_responses=True),
+            ]
+        )
+        assert "s3cret" not in repr(redlock)
+        lock = redlock.lock("k", ttl=2.0)
+        assert lock.acquire(blocking=False)
+        with guarded.client(password="s3cret") as client:
+            assert client.exists(redlock.key("k"))
+        lock.release()
+        wrong = Redlock([f"redis://:wrong@127.0.0.1:{guarded.port}/0"])
+        with pytest.raises(errors.QuorumUnavailable):
+            wrong.lock("k", ttl=2.0).acquire(blocking=False)
+        redlock.close()
+        wrong.close()
+
+
+def hash_tag(key: str) -> str:
+    """The part of a key Redis Cluster hashes (its rules, applied literally)."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    if start == -1 or end == -1 or end == start + 1:
+        return key
+    return key[start + 1 : end]
+
+
+def test_keys_share_a_cluster_hash_tag(make_redlock, servers):
+    redlock = make_redlock(servers[:1], key_prefix="app1:")
+    with redlock.lock("user:7", ttl=2.0), servers[0].client() as client:
+        keys = sorted(k.decode() for k in client.keys("app1:*"))
+    assert keys == ["app1:{user:7}", "app1:{user:7}:fence"]
+    assert {hash_tag(key) for key in keys} == {"user:7"}
+    # A name with braces of its own still keeps the lock and its helpers together.
+    odd = redlock.key("a}b{c")
+    assert hash_tag(odd) == hash_tag(odd + ":fence") == hash_tag(odd + ":released")
+
+
+def test_connections_are_reused_in_a_process_with_many_open_files(servers, make_redlock):
+    # Idle connections are checked without select(), which fails above
+    # descriptor 1024; a busy worker process can hold that many.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200 and (hard == resource.RLIM_INFINITY or hard >= 1200):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    files = [open("/dev/null") for _ in range(1100)]  # noqa: SIM115
+    try:
+        redlock = make_redlock(servers[:1])
+        before = servers[0].client().info("stats")["total_connections_received"]
+        for _ in range(20):
+            lock = redlock.lock("many-files", ttl=5.0)
+            assert lock.acquire(blocking=False)
+            lock.release()
+        after = servers[0].client().info("stats")["total_connections_received"]
+        assert after - before <= 3  # the first connection, plus the two info() calls
+    finally:
+        for handle in files:
+            handle.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
