@@ -1,0 +1,286 @@
+"""The per-process renewal thread that keeps held task locks alive.
+
+One daemon thread per process (started on first use, again after a fork)
+serves every lock held in that process, however many pool threads hold them.
+Each lock is renewed at about a third of its ttl; all locks due together are
+renewed in one pipelined round trip per node (:meth:`Redlock.renew`).
+
+Renewal is tied to progress. With a ``progress_timeout``, a lock whose task
+has reported no progress (``self.heartbeat()``, ``self.update_state()``) for
+that long is no longer renewed, so a hung task loses its lock when the ttl
+runs out instead of holding it forever::
+
+    t=0    task takes the lock (ttl 30 s, progress_timeout 60 s)
+    t=10   renewed    t=20 renewed  ...  (task calls self.heartbeat() now and then)
+    t=75   last progress was at t=14: renewal stops
+    t=~100 the key expires; the task is marked lost, its next heartbeat() raises
+
+When a renewal fails the thread does not just log: the lock is marked lost,
+a warning is logged, ``signals.lock_lost`` is sent, and the task sees it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import _clock
+from .redlock import LOST, RENEWED, UNREACHABLE, Lock
+
+__all__ = ["Heartbeat", "HeldLock", "heartbeat"]
+
+logger = logging.getLogger("celery_redlock.heartbeat")
+
+#: Renew when this fraction of the ttl has passed since the last renewal.
+RENEW_AT = 1 / 3
+#: Shortest interval between renewal rounds, seconds.
+MIN_TICK = 0.005
+#: After a round where too few nodes answered, try again this soon (seconds, at most).
+RETRY_UNREACHABLE = 1.0
+
+
+@dataclass(eq=False)
+class HeldLock:
+    """A lock registered with the heartbeat, and what is known about it."""
+
+    lock: Lock
+    task_id: str | None = None
+    progress_timeout: float | None = None
+    on_lost: Callable[[HeldLock, str], None] | None = None
+    acquired_at: float = field(default_factory=_clock.monotonic)
+    last_progress: float = field(default_factory=_clock.monotonic)
+    last_renewed: float = field(default_factory=_clock.monotonic)
+    next_due: float = 0.0
+    lost: bool = False
+    lost_reason: str = ""
+    #: Why it was lost, for metrics: ``stalled``, ``renewal_failed`` or ``expired``.
+    lost_code: str = ""
+    released: bool = False
+    #: Set for a singleton lock: its ttl while queued, for handing it back on retry.
+    singleton_ttl: float | None = None
+
+    def __post_init__(self) -> None:
+        self.next_due = self.last_renewed + self.lock.ttl * RENEW_AT
+
+    @property
+    def held_for(self) -> float:
+        """Seconds since the lock was taken."""
+        return _clock.monotonic() - self.acquired_at
+
+    def stalled(self, now: float) -> bool:
+        """True when the task has made no progress for ``progress_timeout``."""
+        return (
+            self.progress_timeout is not None and now - self.last_progress > self.progress_timeout
+        )
+
+
+class Heartbeat:
+    """Renews registered locks from one background thread."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, HeldLock] = {}
+        self._mutex = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._next_tick = 0.0
+
+    def hold(
+        self,
+        lock: Lock,
+        *,
+        task_id: str | None = None,
+        progress_timeout: float | None = None,
+        on_lost: Callable[[HeldLock, str], None] | None = None,
+    ) -> HeldLock:
+        """Start renewing ``lock`` (already acquired) until :meth:`drop`."""
+        held = HeldLock(lock, task_id=task_id, progress_timeout=progress_timeout, on_lost=on_lost)
+        with self._mutex:
+            self._held[id(held)] = held
+            if self._thread is None or not self._thread.is_alive():
+                self._stopping = False
+                self._thread = threading.Thread(
+                    target=self._run, name="celery_redlock-heartbeat", daemon=True
+                )
+                self._thread.start()
+            # Wake the thread only if this lock needs it sooner than its next
+            # tick: a wake-up per task is a thread switch per task.
+            first_due = held.last_renewed + held.lock.ttl * RENEW_AT
+            wake = self._next_tick == 0.0 or first_due < self._next_tick
+        if wake:
+            self._wake.set()
+        return held
+
+    def drop(self, held: HeldLock) -> None:
+        """Stop renewing ``held`` (the caller releases the lock)."""
+        with self._mutex:
+            self._held.pop(id(held), None)
+
+    def progress(self, held: HeldLock, *, renew_now: bool = False) -> None:
+        """Record progress; with ``renew_now``, renew at once if a tenth of the ttl passed.
+
+        Raises:
+            LockLost: the lock is gone.
+        """
+        now = _clock.monotonic()
+        held.last_progress = now
+        if held.lost or not held.lock.locked():
+            self._mark_lost(held, held.lost_reason or "expired", "expired")
+            raise _lost_error(held)
+        if renew_now and now - held.last_renewed > held.lock.ttl / 10:
+            self._renew([held])
+            if held.lost:
+                raise _lost_error(held)
+
+    @property
+    def count(self) -> int:
+        """Number of locks being renewed."""
+        with self._mutex:
+            return len(self._held)
+
+    def stop(self) -> None:
+        """Stop the thread (it is a daemon; this is for tidy shutdowns and tests)."""
+        self._stopping = True
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5)
+
+    # -- the thread ------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping:
+            try:
+                wait = self._round()
+            except Exception:  # never let the renewer die silently
+                logger.exception("heartbeat round failed; retrying in 1 s")
+                wait = 1.0
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    def _round(self) -> float:
+        """Renew what is due; return seconds until the thread should look again.
+
+        Renewals happen on a common tick (a third of the shortest ttl held),
+        and each tick renews every lock that would fall due before the next
+        one: locks taken at different moments then share one round trip per
+        node instead of each costing its own.
+        """
+        due: list[HeldLock] = []
+        expired: list[HeldLock] = []
+        with self._mutex:  # hold() decides whether to wake us from _next_tick
+            now = _clock.monotonic()
+            active = [h for h in self._held.values() if not (h.lost or h.released)]
+            if not active:
+                self._next_tick = 0.0
+                return 60.0
+            tick = max(min(held.lock.ttl for held in active) * RENEW_AT, MIN_TICK)
+            if self._next_tick == 0.0 or self._next_tick > now + tick:
+                self._next_tick = now + tick  # first lock, or one with a shorter ttl
+            on_tick = now >= self._next_tick
+            next_wake = tick if on_tick else self._next_tick - now
+            for held in active:
+                if held.stalled(now):
+                    # No renewal: the lock runs out. Check back when it has.
+                    left = held.lock.validity
+                    if left <= 0:
+                        expired.append(held)
+                    else:
+                        next_wake = min(next_wake, left + 0.001)
+                elif held.next_due <= now or (on_tick and held.next_due <= now + tick):
+                    due.append(held)
+                else:
+                    # A retry after an unreachable round can be due before the tick.
+                    next_wake = min(next_wake, held.next_due - now)
+            if on_tick:
+                self._next_tick = now + tick
+        for held in expired:
+            self._mark_lost(held, "no progress for progress_timeout; lock expired", "stalled")
+        if due:
+            self._renew(due)
+            now = _clock.monotonic()
+            for held in due:
+                if not held.lost:
+                    next_wake = min(next_wake, max(held.next_due - now, 0.0))
+        return max(next_wake, 0.001)
+
+    def _renew(self, due: list[HeldLock]) -> None:
+        by_redlock: dict[int, list[HeldLock]] = {}
+        for held in due:
+            by_redlock.setdefault(id(held.lock.redlock), []).append(held)
+        for group in by_redlock.values():
+            redlock = group[0].lock.redlock
+            outcomes = redlock.renew([held.lock for held in group])
+            now = _clock.monotonic()
+            for held, outcome in zip(group, outcomes, strict=True):
+                if outcome == RENEWED:
+                    held.last_renewed = now
+                    held.next_due = now + held.lock.ttl * RENEW_AT
+                elif outcome == UNREACHABLE:
+                    held.next_due = now + min(RETRY_UNREACHABLE, held.lock.validity / 4)
+                elif outcome == LOST and not held.released:
+                    self._mark_lost(
+                        held,
+                        "renewal failed: a majority of nodes no longer hold it",
+                        "renewal_failed",
+                    )
+                else:  # busy: being released or extended by another thread
+                    held.next_due = now + 0.01
+
+    def _mark_lost(self, held: HeldLock, reason: str, code: str) -> None:
+        if held.lost or held.released:
+            return
+        held.lost = True
+        held.lost_reason = reason
+        held.lost_code = code
+        logger.warning(
+            "lock %r of task %s lost after %.1f s: %s",
+            held.lock.name,
+            held.task_id,
+            held.held_for,
+            reason,
+        )
+        if held.on_lost is not None:
+            try:
+                held.on_lost(held, reason)
+            except Exception:
+                logger.exception("lock_lost handler failed")
+
+
+def _lost_error(held: HeldLock) -> Exception:
+    from .errors import LockLost
+
+    return LockLost(
+        f"lock {held.lock.name!r} of task {held.task_id} was lost "
+        f"({held.lost_reason or 'expired'}); stop work that needs it",
+        key=held.lock.name,
+    )
+
+
+_process_heartbeat: Heartbeat | None = None
+_process_pid = 0
+_create_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's thread does not exist here, and its mutex may have been
+    # held by another parent thread at the fork.
+    global _process_heartbeat, _create_lock
+    _process_heartbeat = None
+    _create_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def heartbeat() -> Heartbeat:
+    """Return the heartbeat of the current process (a new one after ``fork()``)."""
+    global _process_heartbeat, _process_pid
+    with _create_lock:
+        if _process_heartbeat is None or _process_pid != os.getpid():
+            _process_heartbeat = Heartbeat()
+            _process_pid = os.getpid()
+        return _process_heartbeat
