@@ -1,0 +1,101 @@
+"""Singleton tasks: one queued-or-running copy per task and arguments.
+
+At publish time (``delay``/``apply_async``, so also beat) the publisher
+takes a lock named after the task and a canonical hash of its bound
+arguments, holding the new task id for ``singleton_ttl`` -- the time the
+message may wait in the queue. A second publish with the same arguments
+finds it held and gets the queued task's ``AsyncResult`` back (or
+:class:`~celery_redlock.errors.DuplicateTask`). When the worker starts the
+task it takes over that same lock (value ``token|task_id|queued`` becomes
+``token|task_id|host:pid``), the heartbeat keeps it, and it is released
+when the run ends.
+
+Argument hashing is canonical: arguments are bound to the task's signature
+with defaults applied, so ``f(7)``, ``f(x=7)`` and ``f(7, flag=False)``
+(when ``flag`` defaults to ``False``) are one key, whatever the keyword
+order. Numbers compare as Python does: ``1`` and ``1.0`` are the same key
+(as ``1 == 1.0``), but ``True`` is not ``1``; tuples and lists are the same;
+dict keys are sorted. Values that are not JSON-like (``str``, numbers,
+``bool``, ``None``, lists, tuples, dicts with string keys) cannot be hashed
+stably and raise :class:`~celery_redlock.errors.ConfigurationError`: pass a
+``singleton_key`` for such tasks.
+
+Publish-side limits: ``app.send_task`` and ``signature.apply_async()`` for a
+task not registered in the publishing app do not go through the task
+class, so they take no publish-time lock; the worker still refuses to run a
+second copy while one runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import ConfigurationError
+
+__all__ = ["canonical_hash", "queued_marker", "singleton_key", "task_id_of"]
+
+logger = logging.getLogger("celery_redlock.singleton")
+
+QUEUED = "queued"
+
+
+def _canonical(value: Any, path: str) -> Any:
+    if value is None or isinstance(value, str | bool):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return repr(value)
+        return int(value) if value.is_integer() else value
+    if isinstance(value, list | tuple):
+        return [_canonical(item, f"{path}[{n}]") for n, item in enumerate(value)]
+    if isinstance(value, Mapping):
+        items = {}
+        for name, item in value.items():
+            if not isinstance(name, str):
+                raise _unhashable(path, name)
+            items[name] = _canonical(item, f"{path}[{name!r}]")
+        return items
+    raise _unhashable(path, value)
+
+
+def _unhashable(path: str, value: Any) -> ConfigurationError:
+    return ConfigurationError(
+        f"singleton: argument {path} = {value!r} ({type(value).__name__}) has no stable "
+        "hash; pass JSON-like arguments or give the task a singleton_key",
+        option="singleton_key",
+    )
+
+
+def canonical_hash(arguments: Mapping[str, Any]) -> str:
+    """A stable digest of a call's bound arguments (see the module docs)."""
+    canonical = {name: _canonical(value, name) for name, value in arguments.items()}
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def singleton_key(policy: Any, task_name: str, args: Sequence[Any], kwargs: Any) -> str:
+    """The singleton lock name of one call of ``task_name``."""
+    template = policy.key
+    if template.source is None:
+        return f"singleton:{task_name}:{canonical_hash(template.arguments(args, kwargs or {}))}"
+    return f"singleton:{task_name}:{template.render(args, kwargs or {})}"
+
+
+def queued_marker(task_id: str) -> str:
+    """The end of a publisher's lock value, which the worker takes over."""
+    return f"|{task_id}|{QUEUED}"
+
+
+def task_id_of(value: str | None) -> str | None:
+    """The task id in a lock value ``token|task_id|where``, if there is one."""
+    if not value:
+        return None
+    parts = value.split("|")
+    return parts[1] if len(parts) >= 3 else None

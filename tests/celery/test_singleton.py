@@ -1,0 +1,221 @@
+"""Singleton tasks with real workers and real lock nodes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_redlock import LockedTask, setup
+from celery_redlock.errors import ConfigurationError, DuplicateTask
+from celery_redlock.singleton import canonical_hash
+from celery_redlock.testing import RedisServer
+
+from .conftest import in_process_worker
+from .test_locked_task import free_now, overlaps, wait_free
+
+pytestmark = pytest.mark.celery
+
+
+def runs(app: Celery, key: str) -> list[list[str]]:
+    return [e for e in app.witness.events() if e[0] == "enter" and e[1] == key]
+
+
+def test_rapid_duplicates_collapse_into_one_run(app: Celery) -> None:
+    single = app.tasks["t.single"]
+    with in_process_worker(app, "threads"):
+        results = [single.delay(7) for _ in range(10)]
+        assert len({result.id for result in results}) == 1
+        assert results[0].get(timeout=20) == results[0].id
+        assert len(runs(app, "single:7")) == 1
+        # Finished: the next publish is a new task that runs again.
+        again = single.delay(7)
+        assert again.id != results[0].id
+        assert again.get(timeout=20) == again.id
+    assert len(runs(app, "single:7")) == 2
+
+
+def test_other_arguments_are_not_duplicates(app: Celery) -> None:
+    single = app.tasks["t.single"]
+    with in_process_worker(app, "threads"):
+        first, second = single.delay(1, 0.3), single.delay(2, 0.3)
+        assert first.id != second.id
+        first.get(timeout=20)
+        second.get(timeout=20)
+
+
+def test_defaults_and_keyword_order_make_the_same_singleton(app: Celery) -> None:
+    single = app.tasks["t.single"]
+    first = single.apply_async((5,), {"duration": 0.5})
+    assert single.apply_async((), {"duration": 0.5, "n": 5, "flag": False}).id == first.id
+    assert single.apply_async((5, 0.5)).id == first.id
+    assert single.apply_async((5, 0.5, True)).id != first.id
+
+
+def test_on_duplicate_raise_names_the_queued_task(app: Celery) -> None:
+    task = app.tasks["t.single_raise"]
+    first = task.delay(3)
+    with pytest.raises(DuplicateTask, match=first.id) as caught:
+        task.delay(3)
+    assert caught.value.task_id == first.id
+    assert caught.value.task_name == "t.single_raise"
+
+
+def test_retry_republishes_without_being_a_duplicate(app: Celery) -> None:
+    task = app.tasks["t.single_retry"]
+    with in_process_worker(app, "threads"):
+        result = task.delay(1)
+        assert result.get(timeout=30) == 2
+        # While the retried copies were queued, a publish was a duplicate.
+        assert task.delay(1).id != result.id
+    retries = [e[5] for e in app.witness.events() if e[0] == "run" and e[2] == result.id]
+    assert retries == ["retries=0", "retries=1", "retries=2"]
+
+
+def test_redelivered_message_runs_once(make_app: Any) -> None:
+    # The Redis broker re-delivers an unacknowledged message after
+    # visibility_timeout, with the same task id, while the first copy runs.
+    app = make_app(
+        task_acks_late=True,
+        redlock_default_ttl=2.0,
+        broker_transport_options={"visibility_timeout": 1, "unacked_restore_throttle": 1},
+    )
+    with in_process_worker(app, "threads"):
+        result = app.tasks["t.single"].delay(9, 4.0)
+        assert result.get(timeout=30) == result.id
+        time.sleep(4.0)  # room for re-delivered copies to come and go
+    entered = runs(app, "single:9")
+    assert len(entered) == 1, entered
+    assert overlaps(app.witness.events()) == 0
+
+
+def test_killed_worker_frees_the_singleton_within_its_ttl(app: Celery, worker_process: Any) -> None:
+    worker = worker_process()
+    task = app.tasks["t.single_short"]
+    first = task.delay(4)
+    deadline = time.monotonic() + 20
+    while not app.witness.events() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert task.delay(4).id == first.id  # running: a duplicate
+    worker.kill()
+    killed = time.monotonic()
+    while task.delay(4).id == first.id:
+        assert time.monotonic() - killed < 2.0 + 1.0, "singleton not freed within its ttl"
+        time.sleep(0.1)
+
+
+def test_worker_refuses_a_second_copy_sent_by_name(app: Celery) -> None:
+    # send_task bypasses the task class: the worker still runs one at a time.
+    # The three copies reach the pool together; any one of them may win.
+    with in_process_worker(app, "threads"):
+        sent = [app.send_task("t.single", (8, 0.8)) for _ in range(3)]
+        results = {result.id: result for result in sent}
+        time.sleep(2.0)
+        entered = runs(app, "single:8")
+        assert len(entered) == 1, entered
+        winner = entered[0][2]
+        assert results[winner].get(timeout=10) == winner
+    losers = set(results) - {winner}
+    assert len(losers) == 2
+    # The others ended as suppressed duplicates: never run, no result stored.
+    assert all(results[task_id].state == "PENDING" for task_id in losers)
+
+
+def test_redlock_tasks_config_applies_to_a_plain_task(
+    make_app: Any, lock_nodes: list[RedisServer]
+) -> None:
+    app = make_app(
+        redlock_tasks={"t.plain": {"singleton": True, "lock_key": "plain-lock", "lock_ttl": 5}}
+    )
+    setup(app)
+    plain = app.tasks["t.plain"]
+    assert isinstance(plain, LockedTask)
+    with in_process_worker(app, "threads"):
+        first = plain.delay(1, 0.5)
+        assert plain.delay(1, 0.5).id == first.id  # singleton at publish
+        other = plain.delay(2, 0.5)  # not a duplicate, but the same run lock
+        first.get(timeout=20)
+        other.get(timeout=30)
+        assert free_now(lock_nodes, "plain-lock")
+    events = app.witness.events()
+    enters = sorted(events, key=lambda e: float(e[3]))
+    assert [e[0] for e in enters] == ["enter", "exit", "enter", "exit"]
+
+
+def test_redlock_tasks_unknown_name_or_option_fails_at_startup(make_app: Any) -> None:
+    app = make_app(redlock_tasks={"t.nope": {"singleton": True}})
+    setup(app)
+    with pytest.raises(ConfigurationError, match=r"t\.nope"), in_process_worker(app, "solo"):
+        pass
+    app = make_app(redlock_tasks={"t.plain": {"singelton": True}})
+    app.finalize()
+    with pytest.raises(ConfigurationError, match="singelton"):
+        setup(app)
+
+
+def test_revoking_a_queued_singleton_frees_it(app: Celery, lock_nodes: list[RedisServer]) -> None:
+    task = app.tasks["t.single"]
+    with in_process_worker(app, "threads"):
+        queued = task.apply_async((6,), countdown=1.5)
+        assert task.delay(6).id == queued.id
+        queued.revoke()
+        # Dropped when its eta comes, and its singleton freed with it.
+        wait_free(lock_nodes, task_singleton_key(task, 6), timeout=5.0)
+        again = task.delay(6)
+        assert again.id != queued.id
+        assert again.get(timeout=10) == again.id
+
+
+def task_singleton_key(task: Any, n: int) -> str:
+    from celery_redlock.singleton import singleton_key
+
+    return singleton_key(task._redlock_policy.singleton, task.name, (n,), {})
+
+
+class TestCanonicalHash:
+    def test_keyword_order_does_not_matter(self) -> None:
+        assert canonical_hash({"a": 1, "b": 2}) == canonical_hash({"b": 2, "a": 1})
+
+    def test_integral_floats_equal_ints_but_bools_do_not(self) -> None:
+        assert canonical_hash({"a": 1}) == canonical_hash({"a": 1.0})
+        assert canonical_hash({"a": 1}) != canonical_hash({"a": True})
+        assert canonical_hash({"a": 1.5}) != canonical_hash({"a": 1})
+
+    def test_nested_values_and_tuples(self) -> None:
+        assert canonical_hash({"a": (1, [2, {"x": 3}])}) == canonical_hash(
+            {"a": [1, [2, {"x": 3}]]}
+        )
+        assert canonical_hash({"a": {"x": 1, "y": 2}}) == canonical_hash({"a": {"y": 2, "x": 1}})
+
+    def test_different_values_differ(self) -> None:
+        assert canonical_hash({"a": "1"}) != canonical_hash({"a": 1})
+        assert canonical_hash({"a": None}) != canonical_hash({"a": "None"})
+        assert canonical_hash({"a": [1, 2]}) != canonical_hash({"a": [2, 1]})
+
+    def test_unicode_is_stable(self) -> None:
+        assert canonical_hash({"name": "Zoë"}) == canonical_hash({"name": "Zoë"})
+
+    @pytest.mark.parametrize("value", [object(), {1: "int key"}, b"bytes", {1, 2}])
+    def test_values_without_a_stable_hash_are_refused(self, value: Any) -> None:
+        with pytest.raises(ConfigurationError, match="singleton_key"):
+            canonical_hash({"a": value})
+
+
+def test_two_beats_on_one_schedule_run_each_tick_once(
+    app: Celery, beat_process: Any, tmp_path: Any
+) -> None:
+    with in_process_worker(app, "threads"):
+        beats = [beat_process(1.0), beat_process(1.0)]
+        time.sleep(5.5)
+        for beat in beats:
+            beat.terminate()
+            beat.wait(10)
+        time.sleep(0.5)
+    sent = sum((tmp_path / f"beat{n}.log").read_text().count("Sending due task") for n in range(2))
+    ran = len(runs(app, "single:11"))
+    ticks = max((tmp_path / f"beat{n}.log").read_text().count("Sending due task") for n in range(2))
+    assert sent >= 8, "both beat processes should have been sending"
+    assert 3 <= ran <= ticks, (sent, ran, ticks)
+    assert overlaps(app.witness.events()) == 0
