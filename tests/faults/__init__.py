@@ -1,0 +1,1 @@
+"""Fault injection: histories of critical sections under a nemesis, and their checker."""

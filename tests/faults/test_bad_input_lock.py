@@ -1,0 +1,455 @@
+"""Bad input and odd servers at the lock level: a clear error, never corruption.
+
+Each test is one row of the bad-input table in docs/reliability.md. "Nothing
+corrupted" is checked on the servers themselves: no stray lock key, keys
+written by others untouched, and the lock still usable afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from celery_redlock import Redlock, errors
+from celery_redlock.testing import RedisServer
+
+pytestmark = [pytest.mark.faults, pytest.mark.integration]
+
+MEGABYTE = 1024 * 1024
+
+
+def lock_keys(nodes, redlock: Redlock, name: str) -> list[bytes]:
+    """The lock key of ``name`` on every node that has it."""
+    found = []
+    for node in nodes:
+        with node.client() as client:
+            if client.exists(redlock.key(name)):
+                found.append(client.get(redlock.key(name)))
+    return found
+
+
+def all_keys(nodes) -> list[bytes]:
+    keys = []
+    for node in nodes:
+        with node.client() as client:
+            keys += client.keys("*")
+    return keys
+
+
+@pytest.fixture
+def nodes(servers) -> list[RedisServer]:
+    return list(servers)[:3]
+
+
+@pytest.fixture
+def spare_servers() -> Iterator[list[RedisServer]]:
+    """Servers of a test's own, for settings that must not outlive it."""
+    started: list[RedisServer] = []
+    yield started
+    for server in started:
+        server.cleanup()
+
+
+def start(spare_servers: list[RedisServer], *extra_args: str) -> RedisServer:
+    server = RedisServer(extra_args=extra_args).start()
+    spare_servers.append(server)
+    return server
+
+
+# -- names ---------------------------------------------------------------------------
+
+
+def test_a_one_megabyte_name_works_and_leaves_nothing_behind(nodes, make_redlock):
+    redlock = make_redlock(nodes)
+    name = "n" * MEGABYTE
+    lock = redlock.lock(name, ttl=5.0)
+    assert lock.acquire(blocking=False)
+    assert isinstance(lock.fencing_token, int)
+    assert not redlock.lock(name, ttl=5.0).acquire(blocking=False)
+    lock.extend()
+    assert lock.release()
+    assert lock_keys(nodes, redlock, name) == []
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("счёт:42", id="cyrillic"),
+        pytest.param("🔒:訂單:42", id="emoji-cjk"),
+        pytest.param("a b\tc\nd", id="whitespace"),
+        pytest.param("nul\x00inside", id="nul"),
+        pytest.param("e\u0301", id="combining"),
+        pytest.param("{tag}:x", id="braces"),
+    ],
+)
+def test_unicode_and_binary_safe_names_work(nodes, make_redlock, name):
+    redlock = make_redlock(nodes)
+    lock = redlock.lock(name, ttl=5.0)
+    assert lock.acquire(blocking=False)
+    # Stored under the name's UTF-8 bytes, on every node, with our token.
+    assert lock_keys(nodes, redlock, name) == [lock.value.encode()] * 3
+    assert redlock.holder(name) == lock.value
+    assert not redlock.lock(name, ttl=5.0).acquire(blocking=False)
+    assert lock.release()
+    assert lock_keys(nodes, redlock, name) == []
+
+
+@pytest.mark.parametrize("name", [b"invoice:42", bytearray(b"x"), 42, None, ""])
+def test_names_that_are_not_text_are_refused_before_any_round_trip(nodes, make_redlock, name):
+    redlock = make_redlock(nodes)
+    with pytest.raises(errors.ConfigurationError) as raised:
+        redlock.lock(name, ttl=5.0)
+    assert raised.value.option == "name"
+    assert "non-empty string" in str(raised.value)
+    assert all_keys(nodes) == []
+
+
+def test_a_name_that_cannot_be_encoded_fails_without_touching_redis(nodes, make_redlock):
+    redlock = make_redlock(nodes)
+    with pytest.raises(errors.ConfigurationError, match="UTF-8"):
+        redlock.lock("broken-\udcff", ttl=5.0)  # a lone surrogate has no UTF-8 form
+    assert all_keys(nodes) == []
+    assert redlock.lock("fine", ttl=5.0).acquire(blocking=False)
+
+
+def test_a_name_that_cannot_be_encoded_is_a_configuration_error(nodes, make_redlock):
+    redlock = make_redlock(nodes)
+    with pytest.raises(errors.ConfigurationError) as raised:
+        redlock.lock("broken-\udcff", ttl=5.0).acquire(blocking=False)
+    assert raised.value.option == "name"
+
+
+# -- ttl and timeouts -------------------------------------------------------------------
+
+
+BAD_SECONDS = [
+    pytest.param(0, id="zero"),
+    pytest.param(-1, id="negative"),
+    pytest.param(float("nan"), id="nan"),
+    pytest.param(float("inf"), id="inf"),
+    pytest.param("5", id="str"),
+    pytest.param(True, id="bool"),
+]
+
+
+@pytest.mark.parametrize("ttl", BAD_SECONDS)
+def test_bad_ttl_is_refused_and_a_held_lock_is_unchanged(nodes, make_redlock, ttl):
+    redlock = make_redlock(nodes)
+    with pytest.raises(errors.ConfigurationError) as raised:
+        redlock.lock("k", ttl=ttl)
+    assert raised.value.option == "ttl"
+    lock = redlock.lock("k", ttl=5.0)
+    assert lock.acquire(blocking=False)
+    held = lock.value
+    with pytest.raises(errors.ConfigurationError) as raised:
+        lock.extend(ttl)
+    assert raised.value.option == "ttl"
+    assert lock.locked()
+    assert lock.value == held
+    assert lock.ttl == 5.0
+    assert lock_keys(nodes, redlock, "k") == [held.encode()] * 3
+    assert lock.release()
+
+
+@pytest.mark.parametrize("timeout", [p for p in BAD_SECONDS if p.id != "zero"])
+def test_bad_acquire_timeout_is_refused_before_any_round_trip(nodes, make_redlock, timeout):
+    redlock = make_redlock(nodes)
+    with pytest.raises(errors.ConfigurationError) as raised:
+        redlock.lock("k", ttl=5.0).acquire(timeout=timeout)
+    assert raised.value.option == "timeout"
+    with pytest.raises(errors.ConfigurationError):
+        redlock.lock("k", ttl=5.0, timeout=timeout)
+    assert all_keys(nodes) == []
+
+
+def test_zero_timeout_makes_one_attempt_and_leaves_the_holder_alone(nodes, make_redlock):
+    redlock = make_redlock(nodes)
+    holder = redlock.lock("k", ttl=5.0)
+    assert holder.acquire(blocking=False)
+    started = time.monotonic()
+    assert not redlock.lock("k", ttl=5.0).acquire(timeout=0)
+    with pytest.raises(errors.LockNotAcquired), redlock.lock("k", ttl=5.0, timeout=0):
+        pass
+    assert time.monotonic() - started < 1.0
+    assert lock_keys(nodes, redlock, "k") == [holder.value.encode()] * 3
+    assert holder.release()
+
+
+def test_a_ttl_beyond_what_redis_can_store_fails_clearly_and_leaves_nothing(nodes, make_redlock):
+    # 1e20 s is 1e23 ms: more than a 64-bit integer, so every node refuses it.
+    redlock = make_redlock(nodes)
+    with pytest.raises(errors.RedlockError) as raised:
+        redlock.lock("k", ttl=1e20).acquire(blocking=False)
+    assert "'k'" in str(raised.value)
+    assert "out of range" in str(raised.value)
+    assert all_keys(nodes) == []
+
+
+# -- URLs and types ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        pytest.param("redis://127.0.0.1:99999/0", id="port-out-of-range"),
+        pytest.param("redis://127.0.0.1:-1/0", id="negative-port"),
+        pytest.param("127.0.0.1:6390", id="no-scheme"),
+        pytest.param("https://127.0.0.1/", id="other-scheme"),
+        pytest.param("", id="empty"),
+        pytest.param("rediss://", id="tls-no-host"),
+        pytest.param("redis://:hunter2@:6390/0", id="password-no-host"),
+    ],
+)
+def test_malformed_urls_fail_at_construction(url):
+    with pytest.raises(errors.ConfigurationError) as raised:
+        Redlock([url])
+    assert raised.value.option == "nodes"
+    assert "hunter2" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        pytest.param("redis://127.0.0.1:6390/notadb", id="db-not-a-number"),
+        pytest.param("unix://", id="unix-no-path"),
+    ],
+)
+def test_urls_redis_py_accepts_loosely_fail_at_construction(url):
+    with pytest.raises(errors.ConfigurationError):
+        Redlock([url])
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        pytest.param("redis://127.0.0.1:1/0", id="refused"),
+        pytest.param("unix:///nonexistent/redis.sock", id="no-socket"),
+    ],
+)
+def test_well_formed_but_unreachable_nodes_fail_fast_at_acquire(url):
+    redlock = Redlock([url, "redis://:hunter2@127.0.0.1:1/0", "redis://127.0.0.1:2/0"])
+    started = time.monotonic()
+    with pytest.raises(errors.QuorumUnavailable) as raised:
+        redlock.lock("k", ttl=5.0).acquire(timeout=5.0)
+    assert time.monotonic() - started < 3.0
+    message = str(raised.value)
+    assert "only 0 of 3" in message
+    assert "hunter2" not in message
+    assert raised.value.needed == 2
+    redlock.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "option"),
+    [
+        pytest.param({"nodes": None}, "nodes", id="nodes-none"),
+        pytest.param({"nodes": [None]}, "nodes", id="node-none"),
+        pytest.param({"nodes": [b"redis://127.0.0.1:6390/0"]}, "nodes", id="node-bytes"),
+        pytest.param({"node_timeout": True}, "node_timeout", id="node-timeout-bool"),
+        pytest.param({"node_timeout": -0.1}, "node_timeout", id="node-timeout-negative"),
+        pytest.param({"default_ttl": "30"}, "default_ttl", id="default-ttl-str"),
+        pytest.param({"default_ttl": float("inf")}, "default_ttl", id="default-ttl-inf"),
+        pytest.param({"retry_delay": 0}, "retry_delay", id="retry-delay-zero"),
+        pytest.param({"fence_ttl": "x"}, "fence_ttl", id="fence-ttl-str"),
+        pytest.param({"fence_ttl": 0}, "fence_ttl", id="fence-ttl-zero"),
+        pytest.param({"drift_factor": 0.7}, "drift_factor", id="drift-too-large"),
+        pytest.param({"drift_factor": "x"}, "drift_factor", id="drift-str"),
+        pytest.param({"key_prefix": b"app:"}, "key_prefix", id="prefix-bytes"),
+    ],
+)
+def test_wrong_types_for_redlock_options(kwargs, option):
+    arguments = {"nodes": ["redis://127.0.0.1:6390/0"], **kwargs}
+    with pytest.raises(errors.ConfigurationError) as raised:
+        Redlock(**arguments)
+    assert raised.value.option == option
+    assert option in str(raised.value)
+
+
+@pytest.mark.parametrize("nodes", [6390, 3.5])
+def test_nodes_that_is_not_a_sequence_is_a_configuration_error(nodes):
+    with pytest.raises(errors.ConfigurationError):
+        Redlock(nodes)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "option"),
+    [
+        pytest.param({"owner": 5}, "owner", id="owner-int"),
+        pytest.param({"timeout": "1"}, "timeout", id="timeout-str"),
+        pytest.param({"ttl": [5]}, "ttl", id="ttl-list"),
+    ],
+)
+def test_wrong_types_for_lock_options(kwargs, option):
+    redlock = Redlock(["redis://127.0.0.1:6390/0"])
+    with pytest.raises(errors.ConfigurationError) as raised:
+        redlock.lock("k", **kwargs)
+    assert raised.value.option == option
+
+
+# -- a node that answers with an error ----------------------------------------------------------
+
+
+def test_wrongtype_lock_key_on_one_node_leaves_it_alone_and_locks_on_the_others(
+    nodes, make_redlock
+):
+    redlock = make_redlock(nodes)
+    with nodes[0].client() as client:
+        client.rpush(redlock.key("k"), "someone", "else")
+    lock = redlock.lock("k", ttl=5.0)
+    assert lock.acquire(blocking=False)
+    assert not redlock.lock("k", ttl=5.0).acquire(blocking=False)
+    report = redlock.inspect("k")
+    assert "WRONGTYPE" in str(report[0])
+    lock.extend()
+    assert lock.release()
+    with nodes[0].client() as client:
+        assert client.lrange(redlock.key("k"), 0, -1) == [b"someone", b"else"]
+    assert lock_keys(nodes[1:], redlock, "k") == []
+
+
+def test_wrongtype_lock_key_on_a_majority_reads_as_busy(nodes, make_redlock):
+    redlock = make_redlock(nodes)
+    for node in nodes[:2]:
+        with node.client() as client:
+            client.rpush(redlock.key("k"), "someone")
+    assert not redlock.lock("k", ttl=5.0).acquire(timeout=0.2)
+    with pytest.raises(errors.LockNotAcquired) as raised, redlock.lock("k", ttl=5.0, timeout=0):
+        pass
+    assert raised.value.key == "k"
+    for node in nodes[:2]:
+        with node.client() as client:
+            assert client.lrange(redlock.key("k"), 0, -1) == [b"someone"]
+    assert lock_keys(nodes[2:], redlock, "k") == []
+
+
+def test_a_foreign_value_without_ttl_reads_as_busy_and_is_never_touched(nodes, make_redlock):
+    redlock = make_redlock(nodes)
+    for node in nodes:
+        with node.client() as client:
+            client.set(redlock.key("k"), "written by hand")
+    lock = redlock.lock("k", ttl=5.0)
+    assert not lock.acquire(timeout=0.2)
+    assert lock.release() is False
+    assert lock_keys(nodes, redlock, "k") == [b"written by hand"] * 3
+
+
+def test_wrongtype_fencing_counter_everywhere_is_a_clear_error_and_leaves_no_lock(
+    nodes, make_redlock
+):
+    # The script has set the lock key when INCR fails; the failed attempt
+    # must take it back on every node.
+    redlock = make_redlock(nodes)
+    fence = redlock.key("k") + ":fence"
+    for node in nodes:
+        with node.client() as client:
+            client.hset(fence, "someone", "else")
+    with pytest.raises(errors.QuorumUnavailable) as raised:
+        redlock.lock("k", ttl=5.0).acquire(blocking=False)
+    assert "WRONGTYPE" in str(raised.value)
+    assert lock_keys(nodes, redlock, "k") == []
+    for node in nodes:
+        with node.client() as client:
+            assert client.hgetall(fence) == {b"someone": b"else"}
+
+
+def test_noscript_after_script_flush_mid_hold_and_mid_run(nodes, make_redlock):
+    redlock = make_redlock(nodes)
+    lock = redlock.lock("k", ttl=5.0)
+    assert lock.acquire(blocking=False)
+    for node in nodes:
+        with node.client() as client:
+            client.script_flush()
+    lock.extend()
+    assert not redlock.lock("k", ttl=5.0).acquire(blocking=False)
+    assert lock.release()
+
+    # Flushes racing a busy loop of acquire / extend / release.
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def flush_repeatedly() -> None:
+        clients = [node.client() for node in nodes]
+        while not done.is_set():
+            for client in clients:
+                client.script_flush()
+            time.sleep(0.002)
+        for client in clients:
+            client.close()
+
+    flusher = threading.Thread(target=flush_repeatedly)
+    flusher.start()
+    try:
+        for _ in range(200):
+            lock = redlock.lock("k", ttl=5.0)
+            try:
+                assert lock.acquire(timeout=2.0)
+                lock.extend()
+                assert lock.release()
+            except Exception as exc:  # collected: the flusher must be stopped first
+                failures.append(exc)
+    finally:
+        done.set()
+        flusher.join(10)
+    assert failures == []
+    assert lock_keys(nodes, redlock, "k") == []
+
+
+@contextlib.contextmanager
+def out_of_memory(server: RedisServer) -> Iterator[None]:
+    with server.client() as client:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1)
+        try:
+            yield
+        finally:
+            client.config_set("maxmemory", 0)
+
+
+def test_a_node_out_of_memory_counts_as_failed_and_the_majority_holds(spare_servers):
+    nodes = [start(spare_servers) for _ in range(3)]
+    redlock = Redlock([node.url for node in nodes])
+    with out_of_memory(nodes[0]):
+        lock = redlock.lock("k", ttl=5.0)
+        assert lock.acquire(blocking=False)
+        assert isinstance(lock.fencing_token, int)
+        assert not redlock.lock("k", ttl=5.0).acquire(blocking=False)
+        lock.extend()
+        assert lock.release()
+        assert lock_keys(nodes, redlock, "k") == []
+        with out_of_memory(nodes[1]), pytest.raises(errors.QuorumUnavailable) as raised:
+            redlock.lock("k", ttl=5.0).acquire(blocking=False)
+        assert "maxmemory" in str(raised.value)
+        assert lock_keys(nodes, redlock, "k") == []
+    # Memory back: the lock works on all three again.
+    lock = redlock.lock("k", ttl=5.0)
+    assert lock.acquire(blocking=False)
+    assert len(lock_keys(nodes, redlock, "k")) == 3
+    assert lock.release()
+    redlock.close()
+
+
+def test_a_read_only_replica_counts_as_failed_with_a_clear_message(spare_servers):
+    masters = [start(spare_servers) for _ in range(2)]
+    primary = start(spare_servers)
+    replicas = [
+        start(spare_servers, "--replicaof", "127.0.0.1", str(primary.port)) for _ in range(2)
+    ]
+    # One replica among three nodes: the two masters are a majority.
+    redlock = Redlock([masters[0].url, masters[1].url, replicas[0].url])
+    lock = redlock.lock("k", ttl=5.0)
+    assert lock.acquire(blocking=False)
+    assert lock_keys(masters, redlock, "k") == [lock.value.encode()] * 2
+    assert lock.release()
+    redlock.close()
+    # Two replicas: no majority, and the error says why, naming the nodes.
+    redlock = Redlock([masters[0].url, replicas[0].url, replicas[1].url])
+    with pytest.raises(errors.QuorumUnavailable) as raised:
+        redlock.lock("k", ttl=5.0).acquire(blocking=False)
+    assert "read only replica" in str(raised.value)
+    assert set(raised.value.failures) == {replicas[0].url, replicas[1].url}
+    assert lock_keys(masters, redlock, "k") == []
+    redlock.close()
