@@ -1,0 +1,214 @@
+"""Prometheus metrics from celery_redlock's signals.
+
+``pip install 'celery_redlock[prometheus]'``, then in every process that runs
+or publishes tasks::
+
+    import prometheus_client
+    from celery.signals import worker_init
+    from celery_redlock.contrib import prometheus
+
+    @worker_init.connect
+    def metrics(**_):
+        prometheus.install()                       # into prometheus_client.REGISTRY
+        prometheus_client.start_http_server(9808)  # or your own exporter
+
+Metrics, each labelled with the task's name (``task``) and otherwise only
+with labels from small fixed sets, so lock keys never become label values:
+
+* ``celery_redlock_lock_wait_seconds`` (histogram): from asking for a task's
+  lock to holding it; its ``_count`` is the number of acquisitions.
+* ``celery_redlock_lock_held_seconds`` (histogram): how long a lock was held,
+  observed when it is released.
+* ``celery_redlock_lock_busy_total`` (counter, ``action``: ``retry``,
+  ``skip``, ``raise``, ``twin``): runs that found their lock held by another.
+* ``celery_redlock_locks_lost_total`` (counter, ``reason``: ``stalled``,
+  ``renewal_failed``, ``expired``, ``other``): locks lost while the task ran.
+* ``celery_redlock_rate_limited_total`` (counter, ``action``: ``retry``,
+  ``skip``, ``raise``, ``skip-publish``): runs or beat publishes refused by a
+  global rate limit.
+* ``celery_redlock_duplicates_suppressed_total`` (counter, ``where``:
+  ``publish``, ``worker``, ``beat``): singleton copies not queued or not run.
+
+With the prefork pool each child process counts on its own: run
+prometheus_client in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` and a
+``MultiProcessCollector`` in the exporter), as its documentation describes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "celery_redlock.contrib.prometheus needs prometheus_client: "
+        "pip install 'celery_redlock[prometheus]'"
+    ) from exc
+
+from .. import signals
+from .eventlog import EventLogger, install_logging, task_name_of
+
+__all__ = ["HELD_BUCKETS", "WAIT_BUCKETS", "RedlockMetrics", "install", "reason_label"]
+
+#: Buckets for the wait before a lock is held, seconds: most acquisitions take
+#: a round trip (about a millisecond); waiting for a holder can take minutes.
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                30.0, 60.0, 300.0)  # fmt: skip
+#: Buckets for the time a lock is held, seconds: a task's run time.
+HELD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+                3600.0, 14400.0)  # fmt: skip
+
+
+def reason_label(reason: Any) -> str:
+    """Map a ``lock_lost`` reason (free text) onto a small fixed set of label values."""
+    text = str(reason or "").lower()
+    if text.startswith("no progress"):
+        return "stalled"
+    if text.startswith("renewal failed"):
+        return "renewal_failed"
+    if text.startswith("expired") or not text:
+        return "expired"
+    return "other"
+
+
+class RedlockMetrics:
+    """The metrics of one registry and the signal receivers that feed them.
+
+    Built by :func:`install`; :meth:`disconnect` stops the updates (the
+    metrics stay in the registry).
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.wait_seconds = Histogram(
+            "celery_redlock_lock_wait_seconds",
+            "Seconds from asking for a task's lock to holding it.",
+            ["task"],
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.held_seconds = Histogram(
+            "celery_redlock_lock_held_seconds",
+            "Seconds a task held its lock, observed when it was released.",
+            ["task"],
+            buckets=HELD_BUCKETS,
+            registry=registry,
+        )
+        self.busy = Counter(
+            "celery_redlock_lock_busy",
+            "Runs that found their lock held by another owner, by what was done about it.",
+            ["task", "action"],
+            registry=registry,
+        )
+        self.lost = Counter(
+            "celery_redlock_locks_lost",
+            "Locks that expired or failed to renew while their task ran.",
+            ["task", "reason"],
+            registry=registry,
+        )
+        self.rate_limited = Counter(
+            "celery_redlock_rate_limited",
+            "Runs or beat publishes refused by a global rate limit, by what was done about it.",
+            ["task", "action"],
+            registry=registry,
+        )
+        self.duplicates = Counter(
+            "celery_redlock_duplicates_suppressed",
+            "Singleton publishes or runs refused because a copy was queued or running.",
+            ["task", "where"],
+            registry=registry,
+        )
+        #: The event logger ``install(log_events=True)`` connected, if any.
+        self.event_logger: EventLogger | None = None
+        self._connected: list[tuple[Any, str]] = []
+
+    # -- receivers -------------------------------------------------------------
+
+    def on_lock_acquired(self, sender: Any = None, waited: float = 0.0, **_: Any) -> None:
+        """``lock_acquired``: observe the wait."""
+        self.wait_seconds.labels(task_name_of(sender)).observe(max(float(waited or 0.0), 0.0))
+
+    def on_lock_released(self, sender: Any = None, held: float = 0.0, **_: Any) -> None:
+        """``lock_released``: observe the time held."""
+        self.held_seconds.labels(task_name_of(sender)).observe(max(float(held or 0.0), 0.0))
+
+    def on_lock_busy(self, sender: Any = None, action: Any = None, **_: Any) -> None:
+        """``lock_busy``: count it by action."""
+        self.busy.labels(task_name_of(sender), str(action or "unknown")).inc()
+
+    def on_lock_lost(
+        self, sender: Any = None, reason: Any = None, code: Any = None, **_: Any
+    ) -> None:
+        """``lock_lost``: count it by kind of reason."""
+        self.lost.labels(task_name_of(sender), code or reason_label(reason)).inc()
+
+    def on_rate_limited(self, sender: Any = None, action: Any = None, **_: Any) -> None:
+        """``rate_limited``: count it by action."""
+        self.rate_limited.labels(task_name_of(sender), str(action or "unknown")).inc()
+
+    def on_duplicate_suppressed(self, sender: Any = None, where: Any = None, **_: Any) -> None:
+        """``duplicate_suppressed``: count it by where it was caught."""
+        self.duplicates.labels(task_name_of(sender), str(where or "unknown")).inc()
+
+    # -- wiring ----------------------------------------------------------------
+
+    def connect(self) -> RedlockMetrics:
+        """Connect the receivers to :mod:`celery_redlock.signals` (once)."""
+        if self._connected:
+            return self
+        receivers = {
+            signals.lock_acquired: self.on_lock_acquired,
+            signals.lock_released: self.on_lock_released,
+            signals.lock_busy: self.on_lock_busy,
+            signals.lock_lost: self.on_lock_lost,
+            signals.rate_limited: self.on_rate_limited,
+            signals.duplicate_suppressed: self.on_duplicate_suppressed,
+        }
+        for signal, receiver in receivers.items():
+            uid = f"celery_redlock.prometheus:{id(self)}:{signal.name}"
+            signal.connect(receiver, weak=False, dispatch_uid=uid)
+            self._connected.append((signal, uid))
+        return self
+
+    def disconnect(self) -> None:
+        """Stop updating the metrics (and logging events, if ``install`` started that)."""
+        for signal, uid in self._connected:
+            signal.disconnect(dispatch_uid=uid)
+        self._connected = []
+        if self.event_logger is not None:
+            self.event_logger.disconnect()
+            self.event_logger = None
+
+
+#: One RedlockMetrics per registry, so a second install() does not register twice.
+_installed: dict[int, tuple[CollectorRegistry, RedlockMetrics]] = {}
+
+
+def install(
+    registry: CollectorRegistry | None = None, *, log_events: bool = False
+) -> RedlockMetrics:
+    """Count celery_redlock's signals into ``registry`` (default: prometheus_client's).
+
+    Safe to call again: the same registry gets the same metrics. With
+    ``log_events``, also log each event on ``celery_redlock.events`` (see
+    :func:`celery_redlock.contrib.eventlog.install_logging`).
+
+    Example::
+
+        registry = CollectorRegistry()
+        metrics = prometheus.install(registry)
+        registry.get_sample_value("celery_redlock_locks_lost_total",
+                                  {"task": "crm.sync", "reason": "stalled"})
+    """
+    target = REGISTRY if registry is None else registry
+    known = _installed.get(id(target))
+    if known is not None and known[0] is target:
+        metrics = known[1]
+    else:
+        metrics = RedlockMetrics(target)
+        _installed[id(target)] = (target, metrics)
+    metrics.connect()
+    if log_events and not metrics.event_logger:
+        metrics.event_logger = install_logging()
+    return metrics
