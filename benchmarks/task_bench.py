@@ -1,0 +1,406 @@
+"""Celery benchmark: tasks per second through a real worker, with and without locks.
+
+In one run, on its own ``redis-server`` processes (free 127.0.0.1 ports): the
+broker and the result backend share one server, the lock nodes are three
+others. A Celery worker (``threads`` pool, 4 threads, started in this process
+with ``celery.contrib.testing.worker.start_worker``) runs tasks with a trivial
+body (``return n``):
+
+1. a plain ``@app.task``;
+2. ``LockedTask`` with a distinct lock per task (``lock_key="bench:{n}"``)
+   on 1 lock node, and 3. the same on 3 lock nodes;
+4. publish-time deduplication on 1 node: ``LockedTask(singleton=True)``,
+   celery-once's ``QueueOnce`` and celery-singleton's ``Singleton``.
+
+For each variant, N tasks are published first, while no worker runs (the
+publish rate is reported too: it is where the singleton variants take their
+lock); then a worker starts and drains the queue. Worker throughput is
+counted inside the worker, from the first task starting (``task_prerun``) to
+the last task's result being stored (``task_postrun``), so neither the
+worker's start-up nor publishing is in it. Over the same span the benchmark
+records the worker process's CPU time and voluntary context switches, and
+the lock nodes' CPU time, per task. Every run is checked: N results, all
+``SUCCESS``, no lock key left. Variants run interleaved, 3 rounds each.
+
+Usage::
+
+    python benchmarks/task_bench.py             # about 2 minutes
+    python benchmarks/task_bench.py --quick     # about 25 seconds
+    python benchmarks/task_bench.py --markdown  # tables for docs/performance.md
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import resource
+import statistics
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import redis
+from _common import environment, parser, progress, redis_servers, save, table, verdict
+from celery import Celery, signals
+from celery.contrib.testing.worker import start_worker
+
+from celery_redlock import LockedTask, config
+
+try:
+    from celery_once import QueueOnce
+except ImportError:  # told in the output
+    QueueOnce = None
+try:
+    from celery_singleton import Singleton
+except ImportError:  # told in the output
+    Singleton = None
+
+# Celery's Redis result backend calls SETEX, which redis-py 8 deprecates.
+warnings.filterwarnings("ignore", message="Call to deprecated setex", category=DeprecationWarning)
+
+CONCURRENCY = 4
+QUEUE = "bench"
+PLAIN = "plain @app.task"
+LOCKED_1 = "LockedTask, lock_key per task, 1 node"
+LOCKED_3 = "LockedTask, lock_key per task, 3 nodes"
+GOAL = 0.85  # LockedTask tasks/s at least this share of plain
+
+
+# -- the apps and their tasks ------------------------------------------------------
+
+
+def make_app(broker: str, backend: str | None, nodes: list[str]) -> Celery:
+    """An app with every benchmark task; ``backend=None`` for the publishing side.
+
+    The publisher keeps no result backend: with a Redis backend, every
+    ``apply_async`` would subscribe to the task's result channel, a cost of
+    the caller waiting for results that this benchmark does not measure.
+    """
+    app = Celery("bench", broker=broker, backend=backend, set_as_current=False)
+    app.conf.update(
+        task_default_queue=QUEUE,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        redlock_nodes=nodes,
+        redlock_key_prefix="bench:",
+        # The peers, on the first lock node.
+        ONCE={"backend": "celery_once.backends.Redis", "settings": {"url": nodes[0]}},
+        singleton_backend_url=nodes[0],
+        # An idle worker's BRPOP returns after this long (default 1 s), and a
+        # worker stops only then: 0.1 s keeps the restarts between runs short.
+        # Busy, BRPOP returns at once: the queue is never empty during a run.
+        broker_transport_options={"polling_interval": 0.1},
+    )
+    task = functools.partial(app.task, shared=False)
+
+    @task(name="bench.plain")
+    def plain(n: int) -> int:
+        return n
+
+    @task(base=LockedTask, name="bench.locked", lock_key="bench:{n}")
+    def locked(n: int) -> int:
+        return n
+
+    @task(base=LockedTask, name="bench.singleton", singleton=True)
+    def singleton(n: int) -> int:
+        return n
+
+    if QueueOnce is not None:
+
+        @task(base=QueueOnce, name="bench.queue_once")
+        def queue_once(n: int) -> int:
+            return n
+
+    if Singleton is not None:
+
+        @task(base=Singleton, name="bench.celery_singleton")
+        def celery_singleton(n: int) -> int:
+            return n
+
+    return app
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    task: str
+    nodes: int  # lock nodes: 1 or 3
+
+
+def variants() -> list[Variant]:
+    found = [
+        Variant(PLAIN, "bench.plain", 1),
+        Variant(LOCKED_1, "bench.locked", 1),
+        Variant(LOCKED_3, "bench.locked", 3),
+        Variant("LockedTask(singleton=True), 1 node", "bench.singleton", 1),
+    ]
+    if QueueOnce is not None:
+        found.append(Variant("celery-once QueueOnce, 1 node", "bench.queue_once", 1))
+    if Singleton is not None:
+        found.append(Variant("celery-singleton Singleton, 1 node", "bench.celery_singleton", 1))
+    return found
+
+
+# -- counting in the worker --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What this process (all its threads) used so far."""
+
+    cpu: float  # seconds, user + system
+    switches: int  # voluntary context switches: a thread blocked (I/O, GIL, a lock)
+
+    @classmethod
+    def now(cls) -> Usage:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return cls(usage.ru_utime + usage.ru_stime, usage.ru_nvcsw)
+
+
+def server_cpu(client: redis.Redis) -> float:
+    """CPU seconds used by a redis-server so far."""
+    found = client.info("cpu")
+    return float(found["used_cpu_user"] + found["used_cpu_sys"])
+
+
+class Stopwatch:
+    """First ``task_prerun`` to the ``expected``-th ``task_postrun``.
+
+    Records ``time.monotonic`` and the usage of the process (the worker's
+    consumer, pool and heartbeat threads; the main thread only waits) at both
+    ends.
+    """
+
+    def __init__(self) -> None:
+        self.expected = 0
+        self.first = self.last = 0.0
+        self.first_usage = self.last_usage = Usage(0.0, 0)
+        self.done = threading.Event()
+        self._ended = itertools.count(1)
+        signals.task_prerun.connect(self._on_prerun, weak=False)
+        signals.task_postrun.connect(self._on_postrun, weak=False)
+
+    def reset(self, expected: int) -> None:
+        self.expected = expected
+        self.first = self.last = 0.0
+        self._ended = itertools.count(1)
+        self.done.clear()
+
+    def _on_prerun(self, **_: Any) -> None:
+        if not self.first:
+            self.first, self.first_usage = time.monotonic(), Usage.now()
+
+    def _on_postrun(self, **_: Any) -> None:
+        # next() on itertools.count is atomic: no lock among the pool threads.
+        if next(self._ended) == self.expected:
+            self.last, self.last_usage = time.monotonic(), Usage.now()
+            self.done.set()
+
+
+@dataclass(frozen=True)
+class Run:
+    tasks: int
+    worker_elapsed: float  # first task started to last result stored
+    worker_cpu: float  # CPU seconds of the worker process in that time
+    worker_switches: int  # its voluntary context switches in that time
+    node_cpu: float  # CPU seconds of the lock nodes while the worker ran
+    publish_elapsed: float
+
+    @property
+    def per_second(self) -> float:
+        return self.tasks / self.worker_elapsed
+
+    @property
+    def published_per_second(self) -> float:
+        return self.tasks / self.publish_elapsed
+
+
+class Bench:
+    def __init__(self, broker_url: str, node_urls: list[str], count: int) -> None:
+        self.count = count
+        backend = broker_url.rsplit("/", 1)[0] + "/1"  # results in their own database
+        self.results = redis.Redis.from_url(backend)
+        self.nodes = [redis.Redis.from_url(url) for url in node_urls]
+        self.workers = {n: make_app(broker_url, backend, node_urls[:n]) for n in (1, 3)}
+        self.publishers = {n: make_app(broker_url, None, node_urls[:n]) for n in (1, 3)}
+        self.stopwatch = Stopwatch()
+
+    def run(self, variant: Variant) -> Run:
+        self.results.flushdb()
+        for node in self.nodes:
+            node.flushdb()
+        publish = self.publishers[variant.nodes].tasks[variant.task].apply_async
+        began = time.monotonic()
+        for n in range(self.count):
+            publish((n,))
+        publish_elapsed = time.monotonic() - began
+
+        nodes = self.nodes[: variant.nodes]
+        node_cpu = sum(server_cpu(node) for node in nodes)
+        self.stopwatch.reset(self.count)
+        with start_worker(
+            self.workers[variant.nodes],
+            pool="threads",
+            concurrency=CONCURRENCY,
+            perform_ping_check=False,
+            loglevel="WARNING",
+            shutdown_timeout=30,
+            queues=[QUEUE],
+        ):
+            if not self.stopwatch.done.wait(120):
+                raise RuntimeError(f"{variant.name}: the worker did not finish the tasks")
+        node_cpu = sum(server_cpu(node) for node in nodes) - node_cpu
+        self.check(variant)
+        watch = self.stopwatch
+        return Run(
+            self.count,
+            worker_elapsed=watch.last - watch.first,
+            worker_cpu=watch.last_usage.cpu - watch.first_usage.cpu,
+            worker_switches=watch.last_usage.switches - watch.first_usage.switches,
+            node_cpu=node_cpu,
+            publish_elapsed=publish_elapsed,
+        )
+
+    def check(self, variant: Variant) -> None:
+        """Every task ran once and succeeded, and no lock key is left."""
+        keys = list(self.results.scan_iter("celery-task-meta-*", count=1000))
+        states = [json.loads(raw)["status"] for raw in self.results.mget(keys)] if keys else []
+        succeeded = states.count("SUCCESS")
+        if len(keys) != self.count or succeeded != self.count:
+            raise RuntimeError(
+                f"{variant.name}: {len(keys)} results, {succeeded} successes, {self.count} expected"
+            )
+        left = [
+            key
+            for node in self.nodes[: variant.nodes]
+            for key in node.scan_iter(count=1000)
+            if not key.endswith(b":fence")
+        ]
+        if left:
+            raise RuntimeError(f"{variant.name}: {len(left)} keys left on the lock nodes")
+
+    def close(self) -> None:
+        for app in [*self.workers.values(), *self.publishers.values()]:
+            config.forget(app)
+            app.close()
+
+
+def measure(bench: Bench, chosen: list[Variant], rounds: int) -> dict[str, list[Run]]:
+    runs: dict[str, list[Run]] = {variant.name: [] for variant in chosen}
+    for round_number in range(rounds):
+        order = chosen if round_number % 2 == 0 else chosen[::-1]  # no variant always first
+        for variant in order:
+            runs[variant.name].append(bench.run(variant))
+        progress(f"round {round_number + 1}/{rounds} done")
+    return runs
+
+
+# -- report -------------------------------------------------------------------------
+
+
+def best(runs: list[Run]) -> float:
+    return max(run.per_second for run in runs)
+
+
+def median(runs: list[Run]) -> float:
+    return statistics.median(run.per_second for run in runs)
+
+
+def per_task(runs: list[Run], amount: Callable[[Run], float]) -> float:
+    """Median over the rounds of ``amount(run)`` divided by the tasks run."""
+    return statistics.median(amount(run) / run.tasks for run in runs)
+
+
+def results_table(runs: dict[str, list[Run]], markdown: bool) -> str:
+    plain_best, plain_median = best(runs[PLAIN]), median(runs[PLAIN])
+    rows = [
+        [
+            name,
+            f"{best(found):,.0f}",
+            f"{median(found):,.0f}",
+            f"{best(found) / plain_best:.2f}x",
+            f"{median(found) / plain_median:.2f}x",
+            f"{per_task(found, lambda run: run.worker_cpu) * 1e6:,.0f}",
+            f"{per_task(found, lambda run: run.worker_switches):.0f}",
+            f"{per_task(found, lambda run: run.node_cpu) * 1e6:,.0f}",
+            f"{statistics.median(run.published_per_second for run in found):,.0f}",
+        ]
+        for name, found in runs.items()
+    ]
+    header = [
+        "task",
+        "tasks/s best",
+        "tasks/s median",
+        "vs plain, best",
+        "vs plain, median",
+        "worker CPU µs/task",
+        "worker thread switches/task",
+        "lock-node CPU µs/task",
+        "published/s",
+    ]
+    return table(header, rows, markdown)
+
+
+def targets(runs: dict[str, list[Run]]) -> list[list[str]]:
+    rows = []
+    for name in (LOCKED_1, LOCKED_3):
+        ratio = best(runs[name]) / best(runs[PLAIN])
+        measured = f"{ratio:.2f}x (median {median(runs[name]) / median(runs[PLAIN]):.2f}x)"
+        rows.append([f"{name}: tasks/s ≥ {GOAL}x plain", measured, verdict(ratio >= GOAL)])
+    return rows
+
+
+def package_version(name: str) -> str:
+    try:
+        return f"{name} {version(name)}"
+    except PackageNotFoundError:
+        return f"{name} not installed"
+
+
+def main() -> None:
+    args = parser(__doc__.split("\n\n")[0]).parse_args()
+    count, rounds = (300, 3) if args.quick else (1500, 3)
+    chosen = variants()
+    began = time.monotonic()
+    with redis_servers(4) as servers:
+        broker, *nodes = servers.urls
+        about = environment(
+            broker,
+            package_version("celery"),
+            package_version("kombu"),
+            package_version("celery-once"),
+            package_version("celery-singleton"),
+        )
+        bench = Bench(broker, nodes, count)
+        try:
+            runs = measure(bench, chosen, rounds)
+        finally:
+            bench.close()
+    save(args.save, about, runs=runs)
+    heading = "### " if args.markdown else ""
+    print(f"Measured on: {about}; run took {time.monotonic() - began:.0f} s\n")
+    print(f"{heading}Tasks per second through one worker\n")
+    print(
+        f"{count:,} tasks per run, {rounds} rounds with the variants interleaved; worker: "
+        f"threads pool, concurrency {CONCURRENCY}, Redis broker and result backend.\n"
+    )
+    print(results_table(runs, args.markdown))
+    print(
+        "\nworker CPU and thread switches: the worker process (all its threads), per task; "
+        "lock-node CPU: the redis-server lock nodes, per task; medians over the rounds."
+    )
+    peers = {"celery-once": QueueOnce, "celery-singleton": Singleton}
+    missing = [name for name, base in peers.items() if base is None]
+    if missing:
+        print(f"\nNot measured (not installed): {', '.join(missing)}")
+    print(f"\n{heading}Targets\n")
+    print(table(["target", "measured", "result"], targets(runs), args.markdown))
+
+
+if __name__ == "__main__":
+    main()
