@@ -62,6 +62,11 @@ RENEWED, LOST, UNREACHABLE, BUSY = "renewed", "lost", "unreachable", "busy"
 #: nodes' releases may still be a moment behind the one that woke us.
 _AFTER_WAKE_DELAYS = (0.0005, 0.001, 0.002, 0.004)
 
+#: A blocking acquire gives up with QuorumUnavailable after this many attempts
+#: in a row without a majority answering. One miss can be a node stalled for
+#: a moment next to one that is down; a few in a row are an outage.
+_QUORUM_ATTEMPTS = 3
+
 
 def _positive_seconds(value: Any, option: str, *, allow_zero: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -391,11 +396,17 @@ class Lock:
                 (which itself defaults to waiting as long as it takes).
 
         Raises:
-            QuorumUnavailable: fewer than a majority of the nodes answered.
+            QuorumUnavailable: fewer than a majority of the nodes answered the
+                only attempt of a non-blocking acquire, or 3 attempts in a
+                row (or the last one before the timeout) of a blocking one.
             RedlockError: this object already holds the lock.
 
         A waiter is woken by the holder's release within milliseconds; when
-        the holder dies instead, it wakes as the key expires.
+        the holder dies instead, it wakes as the key expires. A blocking
+        acquire retries a missing quorum after a short pause (a node can be
+        slow to answer for a moment while another is down) but gives up
+        within a few tenths of a second, so an outage is reported, not waited
+        out.
         """
         if timeout is not None:
             timeout = _positive_seconds(timeout, "timeout", allow_zero=True)
@@ -407,7 +418,21 @@ class Lock:
                 "use redlock.lock(...) for another one"
             )
         deadline = None if timeout is None else _clock.monotonic() + timeout
-        outcome = self._attempt()
+        misses = 0  # attempts in a row without a majority answering
+
+        def attempt() -> _Outcome:
+            nonlocal misses
+            outcome = self._attempt()
+            if outcome.answered >= self.redlock.quorum:
+                misses = 0
+                return outcome
+            misses += 1
+            out_of_time = deadline is not None and _clock.monotonic() >= deadline
+            if not blocking or out_of_time or misses >= _QUORUM_ATTEMPTS:
+                raise self._quorum_unavailable(outcome)
+            return outcome
+
+        outcome = attempt()
         if outcome.acquired:
             return True
         if not blocking or (deadline is not None and _clock.monotonic() >= deadline):
@@ -415,20 +440,29 @@ class Lock:
         with _ReleaseListener(self.redlock.nodes, self._channel) as listener:
             woken = False
             while True:
+                if misses:
+                    # No majority answered: the nodes, not the holder, are
+                    # the obstacle, and a release notice may not come.
+                    pause = self.redlock.retry_delay * random.uniform(0.25, 0.75)
+                    if deadline is not None:
+                        pause = min(pause, max(deadline - _clock.monotonic(), 0.0))
+                    _sleep(pause)
                 # Listening started before this attempt, so a release that
                 # happens after it is never missed.
-                outcome = self._attempt()
+                outcome = attempt()
                 if outcome.acquired:
                     return True
                 remaining = math.inf if deadline is None else deadline - _clock.monotonic()
                 if remaining <= 0:
                     return False
+                if misses:
+                    continue
                 if woken and outcome.granted > 0:
                     # Some nodes are free already: the release is still reaching
                     # the others. Retry almost at once instead of sleeping.
                     for delay in _AFTER_WAKE_DELAYS:
                         _sleep(min(delay, remaining))
-                        outcome = self._attempt()
+                        outcome = attempt()
                         if outcome.acquired:
                             return True
                         if outcome.granted == 0:
@@ -436,6 +470,8 @@ class Lock:
                     remaining = math.inf if deadline is None else deadline - _clock.monotonic()
                     if remaining <= 0:
                         return False
+                    if misses:
+                        continue
                 wait = self.redlock.retry_delay * random.uniform(0.5, 1.5)
                 if outcome.retry_hint is not None:
                     wait = min(wait, outcome.retry_hint)
@@ -501,17 +537,20 @@ class Lock:
         self._release_value(value, notify=False, on=silent.union(counters))
         if pttls:
             outcome.retry_hint = min(pttls) / 1000.0
-        if outcome.answered < redlock.quorum:
-            raise QuorumUnavailable(
-                f"lock {self.name!r}: only {outcome.answered} of {len(nodes)} Redis nodes "
-                f"answered, {redlock.quorum} needed; check the nodes "
-                f"({'; '.join(map(str, outcome.failures.values()))})",
-                key=self.name,
-                answered=outcome.answered,
-                needed=redlock.quorum,
-                failures=outcome.failures,
-            )
         return outcome
+
+    def _quorum_unavailable(self, outcome: _Outcome) -> QuorumUnavailable:
+        """The error for an attempt that fewer than a majority of nodes answered."""
+        redlock = self.redlock
+        return QuorumUnavailable(
+            f"lock {self.name!r}: only {outcome.answered} of {len(redlock.nodes)} Redis nodes "
+            f"answered, {redlock.quorum} needed; check the nodes "
+            f"({'; '.join(map(str, outcome.failures.values()))})",
+            key=self.name,
+            answered=outcome.answered,
+            needed=redlock.quorum,
+            failures=outcome.failures,
+        )
 
     def _agree_on_fencing_token(self, counters: dict[int, int]) -> int | None:
         """Pick the token for this acquisition, making sure later ones exceed it.
