@@ -38,6 +38,9 @@ logger = logging.getLogger("celery_redlock.heartbeat")
 RENEW_AT = 1 / 3
 #: Shortest interval between renewal rounds, seconds.
 MIN_TICK = 0.005
+
+#: Seconds without any held lock after which the thread stops ticking.
+IDLE_DORMANT = 60.0
 #: After a round where too few nodes answered, try again this soon (seconds, at most).
 RETRY_UNREACHABLE = 1.0
 
@@ -86,7 +89,11 @@ class Heartbeat:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._next_tick = 0.0
+        self._next_tick = 0.0  # when the thread next looks; 0 while dormant
+        self._tick = 0.0  # the last tick period used
+        self._idle_since = 0.0  # when the last lock went; 0 while locks are held
+        #: Renewal rounds the thread has run (each one a thread wake-up).
+        self.rounds = 0
 
     def hold(
         self,
@@ -109,7 +116,13 @@ class Heartbeat:
             # Wake the thread only if this lock needs it sooner than its next
             # tick: a wake-up per task is a thread switch per task.
             first_due = held.last_renewed + held.lock.ttl * RENEW_AT
+            self._idle_since = 0.0
             wake = self._next_tick == 0.0 or first_due < self._next_tick
+            if self._next_tick == 0.0:
+                # Dormant: start ticking, even if this lock is gone by the
+                # time the thread looks (see _idle_wait).
+                self._next_tick = first_due
+                self._tick = max(held.lock.ttl * RENEW_AT, MIN_TICK)
         if wake:
             self._wake.set()
         return held
@@ -169,15 +182,17 @@ class Heartbeat:
         one: locks taken at different moments then share one round trip per
         node instead of each costing its own.
         """
+        self.rounds += 1
         due: list[HeldLock] = []
         expired: list[HeldLock] = []
         with self._mutex:  # hold() decides whether to wake us from _next_tick
             now = _clock.monotonic()
             active = [h for h in self._held.values() if not (h.lost or h.released)]
             if not active:
-                self._next_tick = 0.0
-                return 60.0
+                return self._idle_wait(now)
+            self._idle_since = 0.0
             tick = max(min(held.lock.ttl for held in active) * RENEW_AT, MIN_TICK)
+            self._tick = tick
             if self._next_tick == 0.0 or self._next_tick > now + tick:
                 self._next_tick = now + tick  # first lock, or one with a shorter ttl
             on_tick = now >= self._next_tick
@@ -206,6 +221,26 @@ class Heartbeat:
                 if not held.lost:
                     next_wake = min(next_wake, max(held.next_due - now, 0.0))
         return max(next_wake, 0.001)
+
+    def _idle_wait(self, now: float) -> float:
+        """Seconds to sleep while no lock is held (called under the mutex).
+
+        Short tasks come and go between ticks. The thread keeps its tick for
+        a while when idle, so that the next task's lock falls due after it
+        and :meth:`hold` need not wake the thread: a wake-up per task is a
+        thread switch per task. After ``IDLE_DORMANT`` seconds without locks
+        it sleeps until woken.
+        """
+        if self._next_tick == 0.0 or self._tick == 0.0:
+            return IDLE_DORMANT
+        if self._idle_since == 0.0:
+            self._idle_since = now
+        if now - self._idle_since >= IDLE_DORMANT:
+            self._next_tick = 0.0
+            return IDLE_DORMANT
+        if self._next_tick <= now:
+            self._next_tick = now + self._tick
+        return self._next_tick - now
 
     def _renew(self, due: list[HeldLock]) -> None:
         by_redlock: dict[int, list[HeldLock]] = {}

@@ -53,6 +53,33 @@ def test_500_locks_renew_in_one_round_trip_per_node(
         lock.release()
 
 
+def test_short_locks_do_not_wake_the_renewal_thread(servers: Any, make_redlock: Any) -> None:
+    # In a busy worker a wake-up per task is a thread switch per task. A lock
+    # released long before its first renewal is due must not cause one, also
+    # when the thread last looked while no lock was held.
+    redlock = make_redlock(list(servers)[:1])
+    beat = Heartbeat()
+    try:
+        for n in range(50):
+            lock = redlock.lock(f"short:{n}", ttl=30.0)
+            assert lock.acquire(blocking=False)
+            beat.drop(beat.hold(lock))
+            assert lock.release()
+            time.sleep(0.002)  # time for the thread to run, were it woken
+        # The first lock starts the thread, which looks once.
+        assert beat.rounds <= 2
+        # A lock that needs renewing sooner than the thread's tick wakes it.
+        lock = redlock.lock("shorter", ttl=0.3)
+        assert lock.acquire(blocking=False)
+        held = beat.hold(lock)
+        time.sleep(0.3 * 2)
+        assert lock.locked()
+        beat.drop(held)
+        assert lock.release()
+    finally:
+        beat.stop()
+
+
 def test_lock_lost_to_a_majority_is_reported(servers: Any, make_redlock: Any) -> None:
     nodes = list(servers)[:3]
     redlock = make_redlock(nodes)
