@@ -7,6 +7,7 @@ freely.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -16,6 +17,13 @@ from celery_redlock.testing import RedisServer, ServerGroup
 
 #: Nodes available to a test; the last one is the witness, never a lock node.
 POOL_SIZE = 6
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM (a CI timeout, `kill`) ends the run like Ctrl-C: pytest then
+    # tears the fixtures down and stops the redis-server processes it started
+    # instead of leaving them on their ports.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
