@@ -374,18 +374,37 @@ def requeue_behind_twin(task: Any, key: str, lock: Lock) -> None:
 
 
 def on_duplicate_run(task: Any, key: str, holder_id: str | None) -> None:
-    """A singleton run found another copy queued or running: end as a duplicate."""
+    """A singleton run found another copy queued or running: end as a duplicate.
+
+    The copy is not run. Unless it is the holder's own twin (same task id,
+    whose result must stay the holder's), its result becomes a failure with
+    :class:`DuplicateTask` naming the holder, so that ``result.get()`` on a
+    copy sent with ``send_task`` raises instead of waiting forever.
+    """
     request = task.request
     signals.duplicate_suppressed.send(sender=task, task_id=holder_id, key=key, where="worker")
     logger.info("task %s: duplicate of singleton %s (%r); not run", request.id, holder_id, key)
+    duplicate = DuplicateTask(
+        f"task {task.name!r}: singleton {key!r} is queued or running as task {holder_id}",
+        task_name=task.name,
+        task_id=holder_id,
+        key=key,
+    )
     if request.called_directly:
-        raise DuplicateTask(
-            f"task {task.name!r}: singleton {key!r} is queued or running as task {holder_id}",
-            task_name=task.name,
-            task_id=holder_id,
-            key=key,
-        )
+        raise duplicate
+    if request.id and request.id != holder_id:
+        _store_duplicate(task, duplicate)
     raise Ignore()
+
+
+def _store_duplicate(task: Any, duplicate: DuplicateTask) -> None:
+    request = task.request
+    if task.ignore_result or getattr(request, "ignore_result", False):
+        return
+    try:
+        task.backend.store_result(request.id, duplicate, states.FAILURE, request=request)
+    except Exception as exc:  # no result backend, or it is down: the log line stays
+        logger.debug("task %s: duplicate not recorded in the result backend: %s", request.id, exc)
 
 
 def on_busy(task: Any, policy: LockPolicy | None, key: str, waited: float) -> None:

@@ -117,10 +117,15 @@ def test_worker_refuses_a_second_copy_sent_by_name(app: Celery) -> None:
         assert len(entered) == 1, entered
         winner = entered[0][2]
         assert results[winner].get(timeout=10) == winner
-    losers = set(results) - {winner}
-    assert len(losers) == 2
-    # The others ended as suppressed duplicates: never run, no result stored.
-    assert all(results[task_id].state == "PENDING" for task_id in losers)
+        losers = set(results) - {winner}
+        assert len(losers) == 2
+        # The others never ran, and their results say why instead of staying
+        # PENDING forever: a caller waiting on one learns which copy runs.
+        for task_id in losers:
+            with pytest.raises(DuplicateTask, match=winner):
+                results[task_id].get(timeout=10)
+            assert results[task_id].state == "FAILURE"
+    assert len(runs(app, "single:8")) == 1
 
 
 def test_redlock_tasks_config_applies_to_a_plain_task(
