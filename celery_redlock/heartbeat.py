@@ -231,7 +231,7 @@ class Heartbeat:
         thread switch per task. After ``IDLE_DORMANT`` seconds without locks
         it sleeps until woken.
         """
-        if self._next_tick == 0.0 or self._tick == 0.0:
+        if self._next_tick == 0.0:
             return IDLE_DORMANT
         if self._idle_since == 0.0:
             self._idle_since = now

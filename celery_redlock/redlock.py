@@ -432,31 +432,25 @@ class Lock:
                 raise self._quorum_unavailable(outcome)
             return outcome
 
+        def left() -> float:
+            return math.inf if deadline is None else deadline - _clock.monotonic()
+
         outcome = attempt()
         if outcome.acquired:
             return True
-        if not blocking or (deadline is not None and _clock.monotonic() >= deadline):
+        if not blocking or left() <= 0:
             return False
         with _ReleaseListener(self.redlock.nodes, self._channel) as listener:
             woken = False
             while True:
-                if misses:
-                    # No majority answered: the nodes, not the holder, are
-                    # the obstacle, and a release notice may not come.
-                    pause = self.redlock.retry_delay * random.uniform(0.25, 0.75)
-                    if deadline is not None:
-                        pause = min(pause, max(deadline - _clock.monotonic(), 0.0))
-                    _sleep(pause)
                 # Listening started before this attempt, so a release that
                 # happens after it is never missed.
                 outcome = attempt()
                 if outcome.acquired:
                     return True
-                remaining = math.inf if deadline is None else deadline - _clock.monotonic()
+                remaining = left()
                 if remaining <= 0:
                     return False
-                if misses:
-                    continue
                 if woken and outcome.granted > 0:
                     # Some nodes are free already: the release is still reaching
                     # the others. Retry almost at once instead of sleeping.
@@ -467,14 +461,17 @@ class Lock:
                             return True
                         if outcome.granted == 0:
                             break
-                    remaining = math.inf if deadline is None else deadline - _clock.monotonic()
+                    remaining = left()
                     if remaining <= 0:
                         return False
-                    if misses:
-                        continue
-                wait = self.redlock.retry_delay * random.uniform(0.5, 1.5)
-                if outcome.retry_hint is not None:
-                    wait = min(wait, outcome.retry_hint)
+                if misses:
+                    # No majority answered: the nodes, not a holder, are the
+                    # obstacle. Look again soon; a few misses end the wait.
+                    wait = self.redlock.retry_delay * random.uniform(0.25, 0.75)
+                else:
+                    wait = self.redlock.retry_delay * random.uniform(0.5, 1.5)
+                    if outcome.retry_hint is not None:
+                        wait = min(wait, outcome.retry_hint)
                 woken = listener.wait(min(wait, remaining))
 
     def _attempt(self) -> _Outcome:
