@@ -18,6 +18,7 @@ from . import errors, signals
 from .hooks import setup
 from .ratelimit import RateLimitDecision, RateLimiter
 from .redlock import Lock, Redlock
+from .semaphore import Semaphore
 from .task import LockedTask
 
 __version__ = "0.1.0.dev0"
@@ -28,6 +29,7 @@ __all__ = [
     "RateLimitDecision",
     "RateLimiter",
     "Redlock",
+    "Semaphore",
     "__version__",
     "errors",
     "setup",

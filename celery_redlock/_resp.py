@@ -1,16 +1,19 @@
 """The Redis protocol (RESP2), as much of it as the fan-out speaks.
 
-Commands are packed here and replies parsed here so that the fan-out can
-drive its sockets itself: write every node's command, then wait on all the
-sockets at once and parse each reply as its bytes arrive. redis-py's
-connections are still used to connect and authenticate; after that, going
-through their generic reader would cost several system calls and a layer of
-Python per reply.
+Commands are packed here and replies parsed here: the links of
+:mod:`._link` write every node's commands and parse each reply as its bytes
+arrive, for many callers at once on one connection. The links never ask for
+RESP3 (no ``HELLO``), so RESP2 is all a server sends them.
 
 Replies come back as redis-py returns them with ``decode_responses=False``:
 ``int`` for integers, ``bytes`` for simple and bulk strings, ``None`` for a
 null, ``list`` for arrays. Error replies are returned, not raised, as
-:class:`ErrorReply`, for the caller to turn into redis-py's exception classes.
+:class:`ErrorReply`, for the caller to classify.
+
+The parser is strict: every line and every bulk string must end in CRLF,
+numbers are plain decimal, lengths are bounded, and arrays nest at most
+:data:`MAX_DEPTH` deep. Anything else is a :class:`ProtocolError`, after which
+the connection cannot be trusted and is closed.
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["INCOMPLETE", "ErrorReply", "ProtocolError", "pack", "parse"]
+__all__ = ["INCOMPLETE", "MAX_BULK", "MAX_DEPTH", "ErrorReply", "ProtocolError", "pack", "parse"]
+
+#: Longest bulk string a server may send (Redis' own ``proto-max-bulk-len``).
+MAX_BULK = 512 * 1024 * 1024
+#: Deepest nesting of arrays accepted; our scripts return at most two levels.
+MAX_DEPTH = 16
+#: Longest header line (type byte, number, CRLF) before the CRLF must appear.
+_MAX_LINE = 64 * 1024
 
 
 class ErrorReply(str):
@@ -53,6 +63,14 @@ def pack(args: Sequence[str | bytes | int]) -> bytes:
     return b"".join(out)
 
 
+def _number(line: bytes) -> int:
+    """A RESP integer: optional ``-``, then decimal digits only."""
+    digits = line[1:] if line[:1] == b"-" else line
+    if not digits.isdigit() or len(digits) > 20:
+        raise ProtocolError(f"bad number in reply line {line[:40]!r}")
+    return int(line)
+
+
 def parse(buffer: bytes | bytearray, start: int = 0) -> tuple[Any, int]:
     """Parse the reply that begins at ``buffer[start]``.
 
@@ -62,37 +80,50 @@ def parse(buffer: bytes | bytearray, start: int = 0) -> tuple[Any, int]:
     Raises:
         ProtocolError: the bytes are not a RESP2 reply.
     """
+    return _parse(buffer, start, 0)
+
+
+def _parse(buffer: bytes | bytearray, start: int, depth: int) -> tuple[Any, int]:
     line_end = buffer.find(b"\r\n", start)
     if line_end < 0:
+        if len(buffer) - start > _MAX_LINE:
+            raise ProtocolError("reply line too long")
         return INCOMPLETE, start
     kind = buffer[start]
     line = bytes(buffer[start + 1 : line_end])
     after = line_end + 2
-    try:
-        if kind == 0x3A:  # ':' integer
-            return int(line), after
-        if kind == 0x24:  # '$' bulk string
-            length = int(line)
-            if length < 0:
-                return None, after
-            end = after + length
-            if len(buffer) < end + 2:
+    if kind == 0x3A:  # ':' integer
+        return _number(line), after
+    if kind == 0x24:  # '$' bulk string
+        length = _number(line)
+        if length == -1:
+            return None, after
+        if not 0 <= length <= MAX_BULK:
+            raise ProtocolError(f"bad bulk string length {length}")
+        end = after + length
+        if len(buffer) < end + 2:
+            return INCOMPLETE, start
+        if buffer[end : end + 2] != b"\r\n":
+            raise ProtocolError("bulk string not followed by CRLF")
+        return bytes(buffer[after:end]), end + 2
+    if kind == 0x2A:  # '*' array
+        count = _number(line)
+        if count == -1:
+            return None, after
+        if count < 0:
+            raise ProtocolError(f"bad array length {count}")
+        if depth >= MAX_DEPTH:
+            raise ProtocolError("arrays nested too deep")
+        items = []
+        position = after
+        for _ in range(count):
+            item, position = _parse(buffer, position, depth + 1)
+            if item is INCOMPLETE:
                 return INCOMPLETE, start
-            return bytes(buffer[after:end]), end + 2
-        if kind == 0x2A:  # '*' array
-            count = int(line)
-            if count < 0:
-                return None, after
-            items = []
-            position = after
-            for _ in range(count):
-                item, position = parse(buffer, position)
-                if item is INCOMPLETE:
-                    return INCOMPLETE, start
-                items.append(item)
-            return items, position
-    except ValueError as exc:
-        raise ProtocolError(f"bad length or number in reply line {line!r}") from exc
+            items.append(item)
+        return items, position
+    if b"\r" in line or b"\n" in line:
+        raise ProtocolError("stray CR or LF in a reply line")
     if kind == 0x2B:  # '+' simple string
         return line, after
     if kind == 0x2D:  # '-' error

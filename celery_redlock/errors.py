@@ -10,6 +10,8 @@ catches anything this package raises::
      │    ├── QuorumUnavailable  fewer than a majority of nodes answered
      │    └── LockLost           a lock we held expired or was taken over
      ├── DuplicateTask           a singleton task is already queued or running
+     ├── Superseded              a debounced copy was replaced by a later publish
+     ├── DebounceUnavailable     the Redis holding debounce records did not answer
      ├── RateLimited             a global rate limit refused a task
      └── RateLimiterUnavailable  the Redis holding rate-limit counters did not answer
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigurationError",
+    "DebounceUnavailable",
     "DuplicateTask",
     "LockError",
     "LockLost",
@@ -34,6 +37,7 @@ __all__ = [
     "RateLimited",
     "RateLimiterUnavailable",
     "RedlockError",
+    "Superseded",
 ]
 
 
@@ -45,15 +49,48 @@ class ConfigurationError(RedlockError, ValueError):
     """An option, argument or ``app.conf`` setting has a bad value.
 
     Raised as early as possible (when a lock, task or worker is defined) and
-    always names the option at fault.
+    always names the option at fault. It is built from its parts, so every
+    message has the same shape::
+
+        ConfigurationError("lock_ttl", "must be > 0 seconds, got 0", task="proj.sync")
+        # task 'proj.sync': lock_ttl: must be > 0 seconds, got 0
+
+    A finished message with the option as a keyword,
+    ``ConfigurationError("ttl: too short", option="ttl")``, is accepted too.
 
     Attributes:
-        option: name of the offending option or argument.
+        option: name of the offending option, argument or setting.
+        problem: what is wrong with it: the message without the names.
+        task: the task whose option it is, if any.
     """
 
-    def __init__(self, message: str, *, option: str | None = None) -> None:
+    def __init__(
+        self,
+        option_or_message: str,
+        problem: str | None = None,
+        *,
+        option: str | None = None,
+        task: str | None = None,
+    ) -> None:
+        if problem is None:  # a finished message
+            message = option_or_message
+            prefix = f"{option}: "
+            problem = message[len(prefix) :] if option and message.startswith(prefix) else message
+        else:
+            option = option_or_message
+            message = f"{option}: {problem}"
+            if task is not None:
+                message = f"task {task!r}: {message}"
         super().__init__(message)
         self.option = option
+        self.problem = problem
+        self.task = task
+
+    def with_context(
+        self, *, option: str | None = None, task: str | None = None
+    ) -> ConfigurationError:
+        """The same problem, reported under another option name or for a task."""
+        return ConfigurationError(option or self.option or "", self.problem, task=task or self.task)
 
 
 class LockError(RedlockError):
@@ -134,6 +171,44 @@ class DuplicateTask(RedlockError):
         self.task_name = task_name
         self.task_id = task_id
         self.key = key
+
+
+class Superseded(RedlockError):
+    """A copy of a debounced task did not run: a later publish of its key replaced it.
+
+    The result of every copy a burst replaced is a failure with this error,
+    so ``result.get()`` on it raises instead of waiting forever; the copy
+    that runs is ``task_id``.
+
+    Attributes:
+        task_name: the task's registered name.
+        task_id: id of the later copy that replaced this one (the key's latest
+            publish when this copy came up to run).
+        key: the debounce key.
+    """
+
+    def __init__(
+        self, message: str, *, task_name: str = "", task_id: str | None = None, key: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.task_name = task_name
+        self.task_id = task_id
+        self.key = key
+
+
+class DebounceUnavailable(RedlockError):
+    """The Redis holding debounce records did not answer, or refused the script.
+
+    Never raised to a caller of ``delay()``: a publish is then sent
+    unrecorded, and a run is re-queued with this error as its retry reason.
+
+    Attributes:
+        node: the server's display name (password removed).
+    """
+
+    def __init__(self, message: str, *, node: str = "") -> None:
+        super().__init__(message)
+        self.node = node
 
 
 class RateLimited(RedlockError):

@@ -1,9 +1,12 @@
-"""The per-process renewal thread that keeps held task locks alive.
+"""The per-process renewal thread that keeps held locks alive.
 
 One daemon thread per process (started on first use, again after a fork)
-serves every lock held in that process, however many pool threads hold them.
+serves every lock held in that process, however many pool threads hold them:
+task locks, and plain locks taken with ``auto_renew=True`` (held by weak
+reference: a lock object nobody references any more is no longer renewed).
 Each lock is renewed at about a third of its ttl; all locks due together are
-renewed in one pipelined round trip per node (:meth:`Redlock.renew`).
+renewed in one pipelined round trip per node (:meth:`Redlock.renew`), which
+also puts a lock's key back on nodes that lack it.
 
 Renewal is tied to progress. With a ``progress_timeout``, a lock whose task
 has reported no progress (``self.heartbeat()``, ``self.update_state()``) for
@@ -16,19 +19,33 @@ runs out instead of holding it forever::
     t=~100 the key expires; the task is marked lost, its next heartbeat() raises
 
 When a renewal fails the thread does not just log: the lock is marked lost,
-a warning is logged, ``signals.lock_lost`` is sent, and the task sees it.
+a warning saying what the nodes answered is logged, ``signals.lock_lost`` is
+sent, and the task sees it. Too few nodes answering is not a loss: the lock
+is renewed again soon, and lost only if its validity runs out first.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from . import _clock
-from .redlock import LOST, RENEWED, UNREACHABLE, Lock
+from ._clock import PAUSE_EVERY, pause
+from ._outcomes import LOST, RENEWED, UNREACHABLE
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from .lock import Lock as _Lock
+    from .semaphore import Semaphore
+
+    #: What the heartbeat renews: a lock, or a semaphore's slot.
+    Lock: TypeAlias = _Lock | Semaphore
 
 __all__ = ["Heartbeat", "HeldLock", "heartbeat"]
 
@@ -45,28 +62,55 @@ IDLE_DORMANT = 60.0
 RETRY_UNREACHABLE = 1.0
 
 
-@dataclass(eq=False)
 class HeldLock:
-    """A lock registered with the heartbeat, and what is known about it."""
+    """A lock registered with the heartbeat, and what is known about it.
 
-    lock: Lock
-    task_id: str | None = None
-    progress_timeout: float | None = None
-    on_lost: Callable[[HeldLock, str], None] | None = None
-    acquired_at: float = field(default_factory=_clock.monotonic)
-    last_progress: float = field(default_factory=_clock.monotonic)
-    last_renewed: float = field(default_factory=_clock.monotonic)
-    next_due: float = 0.0
-    lost: bool = False
-    lost_reason: str = ""
-    #: Why it was lost, for metrics: ``stalled``, ``renewal_failed`` or ``expired``.
-    lost_code: str = ""
-    released: bool = False
-    #: Set for a singleton lock: its ttl while queued, for handing it back on retry.
-    singleton_ttl: float | None = None
+    The heartbeat holds the lock itself strongly (a task's lock, released by
+    the task) or, with ``weak=True``, by weak reference (a plain lock with
+    ``auto_renew``): a lock object nobody references any more is then no
+    longer renewed, and expires.
+    """
 
-    def __post_init__(self) -> None:
-        self.next_due = self.last_renewed + self.lock.ttl * RENEW_AT
+    def __init__(
+        self,
+        lock: Lock,
+        *,
+        task_id: str | None = None,
+        progress_timeout: float | None = None,
+        on_lost: Callable[[HeldLock, str], None] | None = None,
+        weak: bool = False,
+    ) -> None:
+        now = _clock.monotonic()
+        self._strong: Lock | None = None if weak else lock
+        self._weak: weakref.ref[Lock] | None = weakref.ref(lock) if weak else None
+        #: The lock's name (kept for messages once a weakly held lock is gone).
+        self.name = lock.name
+        self.task_id = task_id
+        self.progress_timeout = progress_timeout
+        self.on_lost = on_lost
+        self.acquired_at = now
+        self.last_progress = now
+        self.last_renewed = now
+        self.next_due = now + lock.ttl * RENEW_AT
+        self.lost = False
+        self.lost_reason = ""
+        #: Why it was lost, for metrics: ``stalled``, ``renewal_failed`` or ``expired``.
+        self.lost_code = ""
+        self.released = False
+        #: Set for a singleton lock: its ttl while queued, for handing it back on retry.
+        self.singleton_ttl: float | None = None
+
+    @property
+    def lock(self) -> Lock:
+        """The lock (raises ``ReferenceError`` for a weakly held lock already collected)."""
+        lock = self.target()
+        if lock is None:
+            raise ReferenceError("the lock object was garbage-collected")
+        return lock
+
+    def target(self) -> Lock | None:
+        """The lock, or ``None`` once a weakly held lock has been collected."""
+        return self._strong if self._weak is None else self._weak()
 
     @property
     def held_for(self) -> float:
@@ -102,9 +146,16 @@ class Heartbeat:
         task_id: str | None = None,
         progress_timeout: float | None = None,
         on_lost: Callable[[HeldLock, str], None] | None = None,
+        weak: bool = False,
     ) -> HeldLock:
-        """Start renewing ``lock`` (already acquired) until :meth:`drop`."""
-        held = HeldLock(lock, task_id=task_id, progress_timeout=progress_timeout, on_lost=on_lost)
+        """Start renewing ``lock`` (already acquired) until :meth:`drop`.
+
+        With ``weak``, the heartbeat keeps only a weak reference to the lock
+        and stops renewing it once the lock object is garbage-collected.
+        """
+        held = HeldLock(
+            lock, task_id=task_id, progress_timeout=progress_timeout, on_lost=on_lost, weak=weak
+        )
         with self._mutex:
             self._held[id(held)] = held
             if self._thread is None or not self._thread.is_alive():
@@ -115,14 +166,14 @@ class Heartbeat:
                 self._thread.start()
             # Wake the thread only if this lock needs it sooner than its next
             # tick: a wake-up per task is a thread switch per task.
-            first_due = held.last_renewed + held.lock.ttl * RENEW_AT
+            first_due = held.last_renewed + lock.ttl * RENEW_AT
             self._idle_since = 0.0
             wake = self._next_tick == 0.0 or first_due < self._next_tick
             if self._next_tick == 0.0:
                 # Dormant: start ticking, even if this lock is gone by the
                 # time the thread looks (see _idle_wait).
                 self._next_tick = first_due
-                self._tick = max(held.lock.ttl * RENEW_AT, MIN_TICK)
+                self._tick = max(lock.ttl * RENEW_AT, MIN_TICK)
         if wake:
             self._wake.set()
         return held
@@ -141,10 +192,11 @@ class Heartbeat:
         now = _clock.monotonic()
         held.last_progress = now
         if held.lost or not held.lock.locked():
-            self._mark_lost(held, held.lost_reason or "expired", "expired")
+            reason = held.lost_reason or f"expired: {held.lock.expired_reason()}"
+            self._mark_lost(held, reason, "expired")
             raise _lost_error(held)
         if renew_now and now - held.last_renewed > held.lock.ttl / 10:
-            self._renew([held])
+            self._renew([held], [held.lock])
             if held.lost:
                 raise _lost_error(held)
 
@@ -168,10 +220,11 @@ class Heartbeat:
         while not self._stopping:
             try:
                 wait = self._round()
+                # Event.wait refuses more than TIMEOUT_MAX (a ttl of centuries).
+                self._wake.wait(min(wait, threading.TIMEOUT_MAX))
             except Exception:  # never let the renewer die silently
                 logger.exception("heartbeat round failed; retrying in 1 s")
-                wait = 1.0
-            self._wake.wait(wait)
+                self._wake.wait(1.0)
             self._wake.clear()
 
     def _round(self) -> float:
@@ -181,45 +234,81 @@ class Heartbeat:
         and each tick renews every lock that would fall due before the next
         one: locks taken at different moments then share one round trip per
         node instead of each costing its own.
+
+        The locks are looked at outside the mutex, and every
+        :data:`PAUSE_EVERY` locks the thread lets others run: thousands of
+        locks held in a gevent worker never hold its event loop for long.
         """
         self.rounds += 1
-        due: list[HeldLock] = []
-        expired: list[HeldLock] = []
-        with self._mutex:  # hold() decides whether to wake us from _next_tick
+        with self._mutex:
             now = _clock.monotonic()
-            active = [h for h in self._held.values() if not (h.lost or h.released)]
+            held_now = list(self._held.values())
+        # Strong references for this round: a weakly held lock collected
+        # meanwhile is renewed once more at most. Parallel lists, not pairs:
+        # thousands of tuples kept for the round would only feed the
+        # garbage collector's full collections, each a stall of its own.
+        active: list[HeldLock] = []
+        active_locks: list[Lock] = []
+        dropped: list[HeldLock] = []
+        shortest = math.inf
+        for count, held in enumerate(held_now, start=1):
+            lock = held.target()
+            if lock is None:
+                dropped.append(held)
+            elif not (held.lost or held.released):
+                active.append(held)
+                active_locks.append(lock)
+                shortest = min(shortest, lock.ttl)
+            if count % PAUSE_EVERY == 0:
+                pause()
+        del held_now
+        with self._mutex:  # hold() decides whether to wake us from _next_tick
+            for held in dropped:
+                # A weakly held lock nobody references any more: let it expire.
+                if self._held.pop(id(held), None) is not None:
+                    logger.info("lock %r was dropped without release(); renewal stops", held.name)
             if not active:
                 return self._idle_wait(now)
             self._idle_since = 0.0
-            tick = max(min(held.lock.ttl for held in active) * RENEW_AT, MIN_TICK)
+            tick = max(shortest * RENEW_AT, MIN_TICK)
             self._tick = tick
             if self._next_tick == 0.0 or self._next_tick > now + tick:
                 self._next_tick = now + tick  # first lock, or one with a shorter ttl
             on_tick = now >= self._next_tick
             next_wake = tick if on_tick else self._next_tick - now
-            for held in active:
-                if held.stalled(now):
-                    # No renewal: the lock runs out. Check back when it has.
-                    left = held.lock.validity
-                    if left <= 0:
-                        expired.append(held)
-                    else:
-                        next_wake = min(next_wake, left + 0.001)
-                elif held.next_due <= now or (on_tick and held.next_due <= now + tick):
-                    due.append(held)
-                else:
-                    # A retry after an unreachable round can be due before the tick.
-                    next_wake = min(next_wake, held.next_due - now)
+            soon = now + tick if on_tick else now
             if on_tick:
                 self._next_tick = now + tick
+        due: list[HeldLock] = []
+        due_locks: list[Lock] = []
+        expired: list[HeldLock] = []
+        for count, (held, lock) in enumerate(zip(active, active_locks, strict=True), start=1):
+            if held.progress_timeout is not None and held.stalled(now):
+                # No renewal: the lock runs out. Check back when it has.
+                left = lock.validity
+                if left <= 0:
+                    expired.append(held)
+                else:
+                    next_wake = min(next_wake, left + 0.001)
+            elif held.next_due <= soon:
+                due.append(held)
+                due_locks.append(lock)
+            else:
+                # A retry after an unreachable round can be due before the tick.
+                next_wake = min(next_wake, held.next_due - now)
+            if count % PAUSE_EVERY == 0:
+                pause()
+        del active, active_locks
         for held in expired:
             self._mark_lost(held, "no progress for progress_timeout; lock expired", "stalled")
         if due:
-            self._renew(due)
+            self._renew(due, due_locks)
             now = _clock.monotonic()
-            for held in due:
+            for count, held in enumerate(due, start=1):
                 if not held.lost:
                     next_wake = min(next_wake, max(held.next_due - now, 0.0))
+                if count % PAUSE_EVERY == 0:
+                    pause()
         return max(next_wake, 0.001)
 
     def _idle_wait(self, now: float) -> float:
@@ -242,26 +331,32 @@ class Heartbeat:
             self._next_tick = now + self._tick
         return self._next_tick - now
 
-    def _renew(self, due: list[HeldLock]) -> None:
-        by_redlock: dict[int, list[HeldLock]] = {}
-        for held in due:
-            by_redlock.setdefault(id(held.lock.redlock), []).append(held)
-        for group in by_redlock.values():
-            redlock = group[0].lock.redlock
-            outcomes = redlock.renew([held.lock for held in group])
+    def _renew(self, helds: list[HeldLock], locks: list[Lock]) -> None:
+        """Renew ``locks`` (``helds[i]`` holds ``locks[i]``); record each outcome."""
+        by_redlock: dict[int, tuple[list[HeldLock], list[Lock]]] = {}
+        for held, lock in zip(helds, locks, strict=True):
+            group = by_redlock.setdefault(id(lock.redlock), ([], []))
+            group[0].append(held)
+            group[1].append(lock)
+        for group_helds, group_locks in by_redlock.values():
+            outcomes = group_locks[0].redlock.renew(group_locks)
             now = _clock.monotonic()
-            for held, outcome in zip(group, outcomes, strict=True):
+            for count, (held, lock, outcome) in enumerate(
+                zip(group_helds, group_locks, outcomes, strict=True), start=1
+            ):
+                if count % PAUSE_EVERY == 0:
+                    pause()
                 if outcome == RENEWED:
                     held.last_renewed = now
-                    held.next_due = now + held.lock.ttl * RENEW_AT
+                    held.next_due = now + lock.ttl * RENEW_AT
                 elif outcome == UNREACHABLE:
-                    held.next_due = now + min(RETRY_UNREACHABLE, held.lock.validity / 4)
-                elif outcome == LOST and not held.released:
-                    self._mark_lost(
-                        held,
-                        "renewal failed: a majority of nodes no longer hold it",
-                        "renewal_failed",
-                    )
+                    held.next_due = now + min(RETRY_UNREACHABLE, lock.validity / 4)
+                elif outcome == LOST:
+                    # Without a reason, its owner released it during the round.
+                    if not held.released and lock.lost_reason is not None:
+                        self._mark_lost(
+                            held, f"renewal failed: {lock.lost_reason}", "renewal_failed"
+                        )
                 else:  # busy: being released or extended by another thread
                     held.next_due = now + 0.01
 
@@ -272,9 +367,9 @@ class Heartbeat:
         held.lost_reason = reason
         held.lost_code = code
         logger.warning(
-            "lock %r of task %s lost after %.1f s: %s",
-            held.lock.name,
-            held.task_id,
+            "lock %r%s lost after %.1f s: %s",
+            held.name,
+            "" if held.task_id is None else f" of task {held.task_id}",
             held.held_for,
             reason,
         )
@@ -289,9 +384,9 @@ def _lost_error(held: HeldLock) -> Exception:
     from .errors import LockLost
 
     return LockLost(
-        f"lock {held.lock.name!r} of task {held.task_id} was lost "
+        f"lock {held.name!r} of task {held.task_id} was lost "
         f"({held.lost_reason or 'expired'}); stop work that needs it",
-        key=held.lock.name,
+        key=held.name,
     )
 
 

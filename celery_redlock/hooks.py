@@ -1,4 +1,4 @@
-"""``setup(app)``: the LockedTask behaviour for tasks you do not own.
+"""How celery_redlock plugs into a Celery app: ``setup(app)``, start-up and cleanup.
 
 ::
 
@@ -8,14 +8,21 @@
     }
     celery_redlock.setup(app)
 
-Each named task -- a third-party task, a plain ``@app.task``, a beat entry's
-task -- gets the options given, exactly as if it had been declared with
-``base=LockedTask``, in workers and in publishers alike; its code is not
-touched. The entries are checked when the app is finalized (at the latest
-when a worker or beat starts): an unknown task name or option is a
-:class:`~celery_redlock.errors.ConfigurationError`. ``setup`` also connects
-the worker's main-process cleanup that frees the locks of task processes
-that died.
+This module is all the app wiring there is:
+
+- :func:`setup` applies ``redlock_tasks`` (:mod:`.task_table`) to the
+  app's tasks, in workers and in publishers alike: to those registered when
+  the app is finalized (the finalize hook), and to each task registered
+  after that as it is registered, whatever the order of imports.
+- :class:`RedlockStartupCheck`, a worker bootstep added by :func:`setup` and
+  by every ``LockedTask``, refuses to start a worker with bad settings or
+  task options, connects the main-process cleanup, and has the worker say
+  how it is set up (:mod:`.startup`).
+- The cleanup receivers free the locks of task processes that died (a hard
+  time limit, ``revoke(terminate=True)``, a crashed pool process) and their
+  concurrency slots by the owner's task id, instead of leaving them until
+  their ttl runs out; a
+  revoked message that never ran frees its queued singleton the same way.
 """
 
 from __future__ import annotations
@@ -23,21 +30,30 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery import bootsteps
+from celery import signals as celery_signals
+from celery.worker.request import Request
 
-from ._keys import task_signature
-from .config import settings_for
+from . import startup
+from ._layout import QUEUED
+from .config import enabled_for, policy_for, redlock_for, settings_for
 from .errors import ConfigurationError
-from .policies import TaskPolicy, check_option_names
-from .task import LockedTask, connect_cleanup
+from .policies import TaskPolicy
+from .task_table import apply_entries, watch_registrations
 
-__all__ = ["setup"]
+__all__ = [
+    "RedlockStartupCheck",
+    "connect_cleanup",
+    "setup",
+]
 
 logger = logging.getLogger("celery_redlock.hooks")
+cleanup_logger = logging.getLogger("celery_redlock.task")
 
 
 def setup(app: Any) -> None:
-    """Apply ``app.conf.redlock_tasks`` to the app's tasks, now or when it is finalized.
+    """Apply ``app.conf.redlock_tasks`` to the app's tasks, now and as they are registered.
 
     Safe to call more than once. Raises :class:`ConfigurationError` for bad
     settings as soon as the app is finalized.
@@ -48,12 +64,14 @@ def setup(app: Any) -> None:
         app.conf.redlock_tasks = {"reports.nightly": {"singleton": True}}
         celery_redlock.setup(app)
     """
-    connect_cleanup(app)
+    app.steps["worker"].add(RedlockStartupCheck)
+    connect_cleanup()
     if getattr(app, "_redlock_setup", False):
         return
     app._redlock_setup = True
+    watch_registrations(app)
     if app.finalized:
-        apply_redlock_tasks(app)
+        apply_entries(app)
     else:
         app.on_after_finalize.connect(_on_finalize, weak=False)
 
@@ -62,7 +80,7 @@ def _on_finalize(sender: Any = None, **_: Any) -> None:
     if sender is None:
         return
     try:
-        apply_redlock_tasks(sender)
+        apply_entries(sender)
     except ConfigurationError as exc:
         # Celery logs and swallows errors of signal receivers: keep it for the
         # worker's start-up check, which fails the worker with it.
@@ -71,7 +89,16 @@ def _on_finalize(sender: Any = None, **_: Any) -> None:
 
 
 class RedlockStartupCheck(bootsteps.Step):  # type: ignore[misc]
-    """Worker bootstep: refuse to start with bad ``redlock_*`` settings."""
+    """Worker bootstep: refuse to start with bad settings; connect the cleanup; report.
+
+    Checks the ``redlock_*`` settings (node URLs and timeouts), applies
+    ``redlock_tasks`` and resolves every task's options against the
+    settings (a lock ttl too short for ``redlock_node_timeout`` is refused
+    here, once, not at each run). Then logs what the worker runs with
+    (:func:`celery_redlock.startup.report`): the nodes and whether a quorum
+    answers, unknown ``redlock_*`` settings, a fallback to the default node,
+    and ``redlock_tasks`` entries whose task is still unknown.
+    """
 
     name = "celery_redlock startup check"
 
@@ -81,47 +108,128 @@ class RedlockStartupCheck(bootsteps.Step):  # type: ignore[misc]
         error = getattr(app, "_redlock_setup_error", None)
         if error is not None:
             raise error
-        settings_for(app).make_redlock().close()  # node URLs and timeouts
-        apply_redlock_tasks(app)
-
-
-def apply_redlock_tasks(app: Any) -> list[str]:
-    """Give every task named in ``redlock_tasks`` its options; return the names."""
-    settings = settings_for(app)
-    applied = []
-    for name, options in settings.tasks.items():
-        check_option_names(name, options)
-        task = app.tasks.get(name)
-        if task is None:
-            raise ConfigurationError(
-                f"redlock_tasks names task {name!r}, which this app does not know; "
-                "check the name and that its module is imported (include= or imports=)",
-                option="redlock_tasks",
+        settings_for(app).make_redlock().close()  # node URLs and timeouts; connects nowhere
+        watch_registrations(app)
+        missing = apply_entries(app)
+        for task in app.tasks.values():
+            policy_for(task)
+        if not enabled_for(app):
+            logger.warning(
+                "redlock_enabled is False: LockedTasks run as plain tasks, without locks, "
+                "singletons or global rate limits, and no lock node is contacted"
             )
-        cls = type(task)
-        if issubclass(cls, LockedTask) and cls.__dict__.get("_redlock_configured"):
-            applied.append(name)
-            continue
+            return
+        connect_cleanup()
+        startup.report(app, missing_tasks=missing)
+
+
+# -- main-process cleanup ------------------------------------------------------------
+
+
+def connect_cleanup() -> None:
+    """Connect the receivers that free the locks of task processes that died.
+
+    Receivers are global and connected once (Celery keys them by identity).
+    """
+    celery_signals.task_revoked.connect(_on_task_revoked, weak=False)
+
+
+def free_by_owner(task: Any, task_id: str | None, args: Any, kwargs: Any, where: str) -> None:
+    """Free the locks and slots a run of ``task`` held as ``task_id`` at ``where``, and only those.
+
+    ``where`` is ``host:pid`` of the pool process that ran it (or ``queued``
+    for a singleton that never started): a later run with the same task id
+    elsewhere — a re-delivered copy — is never freed.
+    """
+    policy = getattr(task, "_redlock_policy", None)
+    if not isinstance(policy, TaskPolicy) or not task_id or not enabled_for(task.app):
+        return
+    try:
+        names = policy.lock_names(args or (), kwargs or {})
+        redlock = redlock_for(task.app)
+        for name in names:
+            if redlock.release_owner(name, task_id, where):
+                cleanup_logger.info("freed lock %r of task %s, which ended abruptly", name, task_id)
+        for name in policy.slot_names(args or (), kwargs or {}):
+            if redlock.release_semaphore_owner(name, task_id, where):
+                cleanup_logger.info(
+                    "freed concurrency slot %r of task %s, which ended abruptly", name, task_id
+                )
+    except Exception:
+        cleanup_logger.exception("could not free the locks of task %s", task_id)
+
+
+def request_owner(request: Any) -> str:
+    """``where`` of the locks a worker request's run holds: its pool process, or ``queued``."""
+    pid = getattr(request, "worker_pid", None)
+    if not pid:
+        return QUEUED
+    return f"{request.hostname}:{pid}"
+
+
+#: Exceptions with which Celery reports that a run's pool process is gone.
+_PROCESS_GONE = (WorkerLostError, Terminated, TimeLimitExceeded, SystemExit, KeyboardInterrupt)
+
+
+class CleanupRequest(Request):  # type: ignore[misc]
+    """The worker's request for a LockedTask: frees the locks of a run whose process died.
+
+    Runs in the worker's main process. A hard time limit, ``revoke(terminate=True)``
+    or a pool process that died (``WorkerLostError``, also when
+    ``task_reject_on_worker_lost`` re-queues the task and no ``task_failure``
+    is sent) ends the run without its ``finally``; the locks are freed here by
+    the run's exact owner instead of waiting for their ttl.
+    """
+
+    #: Set when Celery re-queues the message (see :meth:`reject`).
+    _requeued = False
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        """Celery's handling, then free the locks after a hard time limit."""
+        super().on_timeout(soft, timeout)
+        if not soft:
+            self._free()
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
+        """Free the locks if the run's process is gone, then Celery's handling.
+
+        When Celery re-queued the message of a run whose process died
+        (``task_acks_late`` with ``task_reject_on_worker_lost``), its ERROR
+        line for the ``WorkerLostError`` is followed by ours saying the task
+        was re-queued and will run again.
+        """
+        exc = getattr(exc_info, "exception", None)
+        exc = getattr(exc, "exc", exc)  # ExceptionWithTraceback
+        gone = isinstance(exc, _PROCESS_GONE)
+        if gone:
+            # Before Celery re-queues the message: a copy another worker takes
+            # at once must find the lock free, not held by its dead twin.
+            self._free()
         try:
-            policy = TaskPolicy.from_options(name, task_signature(cls), options)
-        except ConfigurationError as exc:
-            raise ConfigurationError(
-                f"redlock_tasks: {exc}", option=f"redlock_tasks[{name!r}].{exc.option}"
-            ) from exc
-        attributes = {
-            "__module__": cls.__module__,
-            "__qualname__": cls.__qualname__,
-            "_redlock_policy": policy,
-            "_redlock_configured": True,
-            **options,
-        }
-        if issubclass(cls, LockedTask):
-            configured = type(cls.__name__, (cls,), attributes)
-        else:
-            configured = type(cls.__name__, (LockedTask, cls), attributes)
-        task.__class__ = configured
-        # Workers build a tracer per task on first use; drop one built already.
-        task.__trace__ = None
-        applied.append(name)
-        logger.debug("redlock_tasks: %s configured with %s", name, options)
-    return applied
+            return super().on_failure(
+                exc_info, send_failed_event=send_failed_event, return_ok=return_ok
+            )
+        finally:
+            if gone and self._requeued:
+                cleanup_logger.warning(
+                    "task %s (%s): its pool process died (%s); re-queued, will run again",
+                    self.task_name,
+                    self.id,
+                    type(exc).__name__,
+                )
+
+    def reject(self, requeue: bool = False) -> None:
+        """Celery's reject; notes a re-queue for the log line of :meth:`on_failure`."""
+        if requeue and not self.acknowledged:
+            self._requeued = True
+        super().reject(requeue=requeue)
+
+    def _free(self) -> None:
+        free_by_owner(self.task, self.id, self.args, self.kwargs, request_owner(self))
+
+
+def _on_task_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    if request is not None:
+        free_by_owner(sender, request.id, request.args, request.kwargs, request_owner(request))

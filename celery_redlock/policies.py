@@ -1,103 +1,43 @@
-"""Task options, checked once: what a task's lock, singleton and rate limit are.
+"""What celery_redlock does around one task: its lock, singleton, rate and concurrency limits.
 
-The same options come from two places, LockedTask class attributes and
-``app.conf.redlock_tasks`` entries; both are turned into a
-:class:`TaskPolicy` here, and every bad value is a
+A :class:`TaskPolicy` is built from the task's options (see :mod:`.options`)
+when the task is defined, and checked against the app's settings once per
+app by :meth:`TaskPolicy.resolve` (at worker start-up, or on first use in
+any other process). Both steps raise
 :class:`~celery_redlock.errors.ConfigurationError` naming the task and the
-option, raised when the task is defined (or when the worker starts).
+option.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._keys import KeySource, KeyTemplate
-from ._rates import Rate, parse_rate
-from .config import seconds
+from . import options as task_options
+from ._arguments import MAX_TTL
+from ._layout import period_key
+from ._rates import DynamicRate, Rate
+from ._templates import ArgumentPlan, KeyTemplate
+from ._validation import Cost, RateEntry
 from .errors import ConfigurationError
+from .ratelimit import Algorithm, Limit
+from .ratelimit.algorithms import check_rate_for
+from .singleton import debounce_name, queued_name, singleton_key
 
 if TYPE_CHECKING:
-    from .ratelimit import RateLimitDecision, RateLimiter
+    from .config import Settings
 
 __all__ = [
-    "OPTION_NAMES",
+    "ConcurrencyPolicy",
+    "DebouncePolicy",
     "LockPolicy",
     "RatePolicy",
     "SingletonPolicy",
+    "TaskLimit",
     "TaskPolicy",
 ]
-
-BUSY_ACTIONS = ("retry", "skip", "raise")
-DUPLICATE_ACTIONS = ("return", "raise")
-RATE_LIMITED_ACTIONS = ("retry", "skip", "raise")
-ALGORITHMS = ("fixed", "sliding")
-#: How long a published singleton holds its key while queued, by default (seconds).
-DEFAULT_SINGLETON_TTL = 3600.0
-#: Beat publishes of one singleton this close together count as one tick (seconds).
-DEFAULT_BEAT_WINDOW = 0.5
-
-#: Every option a task can set, for checking ``redlock_tasks`` entries.
-OPTION_NAMES = (
-    "lock_enabled",
-    "lock_key",
-    "lock_ttl",
-    "lock_timeout",
-    "on_lock_busy",
-    "lock_progress_timeout",
-    "singleton",
-    "singleton_key",
-    "singleton_ttl",
-    "on_duplicate",
-    "singleton_beat_window",
-    "global_rate_limit",
-    "rate_limit_key",
-    "on_rate_limited",
-    "rate_limit_algorithm",
-)
-
-
-class _Options:
-    """Reads one task's options, naming the task in every error."""
-
-    def __init__(self, task_name: str, options: Mapping[str, Any]) -> None:
-        self.task_name = task_name
-        self.options = options
-
-    def error(self, option: str, message: str) -> ConfigurationError:
-        return ConfigurationError(f"task {self.task_name!r}: {message}", option=option)
-
-    def seconds(self, option: str, *, allow_zero: bool = False) -> float | None:
-        value = self.options.get(option)
-        if value is None:
-            return None
-        try:
-            return seconds(value, option, None, allow_zero=allow_zero)
-        except ConfigurationError as exc:
-            raise self.error(option, str(exc)) from exc
-
-    def choice(self, option: str, choices: tuple[str, ...]) -> str:
-        value = self.options.get(option)
-        if value is None:
-            return choices[0]
-        if value not in choices:
-            raise self.error(
-                option, f"{option} must be one of {', '.join(map(repr, choices))}, got {value!r}"
-            )
-        return str(value)
-
-    def flag(self, option: str) -> bool | None:
-        value = self.options.get(option)
-        if value is not None and not isinstance(value, bool):
-            raise self.error(option, f"{option} must be True or False, got {value!r}")
-        return value
-
-    def key(self, option: str, default: str, signature: Any) -> KeyTemplate:
-        source: KeySource = self.options.get(option)
-        return KeyTemplate(
-            source, default=default, task_name=self.task_name, option=option, signature=signature
-        )
 
 
 @dataclass(frozen=True)
@@ -105,10 +45,29 @@ class LockPolicy:
     """The run lock: held while the task body runs."""
 
     key: KeyTemplate
-    ttl: float | None
+    #: Seconds a run waits for a busy lock before ``on_busy`` applies.
     timeout: float
     on_busy: str
-    progress_timeout: float | None
+    #: Busy re-queues (``on_busy="retry"``) after which a run fails; ``None``: no end.
+    max_requeues: int | None = None
+
+
+@dataclass(frozen=True)
+class ConcurrencyPolicy:
+    """At most ``limit`` runs at once per key: a slot of a semaphore, held while the body runs.
+
+    A run that finds every slot taken waits like a run that finds its lock
+    busy: up to ``lock_timeout``, then ``on_lock_busy``.
+    """
+
+    key: KeyTemplate
+    #: Runs at once per key, across every worker.
+    limit: int
+    #: Seconds a run waits for a free slot before ``on_busy`` applies.
+    timeout: float
+    on_busy: str
+    #: Busy re-queues (``on_busy="retry"``) after which a run fails; ``None``: no end.
+    max_requeues: int | None = None
 
 
 @dataclass(frozen=True)
@@ -116,35 +75,190 @@ class SingletonPolicy:
     """One queued-or-running copy per key (by default: per task and arguments)."""
 
     key: KeyTemplate
+    #: Seconds a published copy holds its key while it waits in the queue.
     ttl: float
     on_duplicate: str
     #: Beat publishes within this many seconds of each other are one tick, so
     #: two beat processes on one schedule publish once even when the first
     #: run has already finished; keep it below the schedule's interval.
-    beat_window: float = DEFAULT_BEAT_WINDOW
+    beat_window: float
+    #: ``"one"`` (one queued-or-running copy) or ``"queued"`` (one running
+    #: copy plus at most one queued follow-up: see :mod:`.followup`).
+    mode: str = "one"
+
+    def name(self, task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The singleton lock name of one call (in ``"queued"`` mode: of its running copy)."""
+        return singleton_key(self, task_name, args, kwargs)
+
+    def names(self, task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[str]:
+        """Every lock name one call's singleton uses: the running copy's, then the queued one's."""
+        name = self.name(task_name, args, kwargs)
+        return [name, queued_name(name)] if self.mode == "queued" else [name]
+
+
+@dataclass(frozen=True)
+class DebouncePolicy:
+    """A burst of publishes for one key runs once, ``delay`` seconds after the last one."""
+
+    #: Names the key from a call's arguments (default: the task name alone).
+    key: KeyTemplate
+    #: Seconds after a key's last publish when its one run may start.
+    delay: float
+    #: Seconds a key remembers its last publish after that publish's due time.
+    ttl: float
+
+    def name(self, task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The debounce key of one call: ``debounce:<task>`` or ``debounce:<task>:<key>``."""
+        return debounce_name(task_name, self.key.render(args, kwargs))
+
+
+@dataclass(frozen=True)
+class TaskLimit:
+    """One of a task's global rate limits: a rate on a key, under an algorithm."""
+
+    #: Names the limit from a call's arguments.
+    key: KeyTemplate
+    #: The rate, or a callable rate read on every run.
+    rate: Rate | DynamicRate
+    algorithm: Algorithm
+    #: Set when several limits of the task share one key template: each then
+    #: counts on ``<key>/<period>`` (``"api/s"``, ``"api/d"``), see
+    #: :func:`~celery_redlock._layout.period_key`.
+    period: float | None = None
+
+    def render(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The limit's key for one call."""
+        key = self.key.render(args, kwargs)
+        return key if self.period is None else period_key(key, self.period)
+
+    def describe(self) -> str:
+        """``'5/s'`` (a callable rate: its name)."""
+        if isinstance(self.rate, Rate):
+            return str(self.rate)
+        return getattr(self.rate.function, "__qualname__", repr(self.rate.function))
 
 
 @dataclass(frozen=True)
 class RatePolicy:
-    """A global rate limit checked in the worker before the task runs."""
+    """A task's global rate limits: counted when a run starts, and at beat's publish.
 
-    rate: Rate
-    key: KeyTemplate
+    Every limit must admit a run, and the run is counted in all of them in
+    one decision; ``cost`` units each.
+    """
+
+    task_name: str
+    limits: tuple[TaskLimit, ...]
+    #: Units one run takes: a whole number, or ``(args, kwargs) -> int``.
+    cost: Cost
     on_limited: str
-    algorithm: str
 
-    def hit(self, limiter: RateLimiter, key: str) -> RateLimitDecision:
-        """Count one run against ``key`` (rendered from the run's arguments).
+    @classmethod
+    def build(
+        cls,
+        task_name: str,
+        plan: ArgumentPlan,
+        entries: Sequence[RateEntry],
+        key_source: Any,
+        algorithm: Algorithm,
+        cost: Cost,
+        on_limited: str,
+    ) -> RatePolicy:
+        """Check the limits of ``global_rate_limit`` against the task; ConfigurationError if bad."""
+        option = "global_rate_limit"
+        made: list[TaskLimit] = []
+        for index, entry in enumerate(entries):
+            where = option if len(entries) == 1 else f"{option}[{index}]"
+            source = entry.key if entry.key is not None else key_source
+            key_option = where if entry.key is not None else "rate_limit_key"
+            chosen = entry.algorithm or algorithm
+            if isinstance(entry.rate, Rate):
+                try:
+                    check_rate_for(entry.rate, chosen, option=where)
+                except ConfigurationError as exc:
+                    raise exc.with_context(option=where, task=task_name) from None
+            template = KeyTemplate(
+                source, default=task_name, task_name=task_name, option=key_option, plan=plan
+            )
+            made.append(TaskLimit(template, entry.rate, chosen))
+        limits = _separate_shared_keys(task_name, made)
+        if isinstance(cost, int):
+            for limit in limits:
+                if isinstance(limit.rate, Rate) and cost > limit.rate.window_limit:
+                    raise ConfigurationError(
+                        "rate_limit_cost",
+                        f"{cost} is more than the limit {limit.rate}: such a run could never start",
+                        task=task_name,
+                    )
+        return cls(task_name, limits, cost, on_limited)
+
+    def call_limits(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any], budget: str | None = None
+    ) -> tuple[Limit, ...]:
+        """The limits one call is counted against (``budget``: a separate count of them)."""
+        return tuple(
+            Limit(limit.render(args, kwargs), limit.rate, limit.algorithm, budget=budget)
+            for limit in self.limits
+        )
+
+    def call_cost(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+        """Units one call takes.
 
         Raises:
-            RateLimiterUnavailable: the counters' Redis made no decision.
+            ConfigurationError: a ``rate_limit_cost`` callable returned no whole number >= 1.
         """
-        return limiter.hit(
-            key,
-            self.rate.limit,
-            self.rate.period,
-            algorithm=self.algorithm,  # type: ignore[arg-type]
-        )
+        cost = self.cost
+        if isinstance(cost, int):
+            return cost
+        units = cost(tuple(args), dict(kwargs))
+        if isinstance(units, bool) or not isinstance(units, int) or units < 1:
+            name = getattr(cost, "__qualname__", repr(cost))
+            raise ConfigurationError(
+                "rate_limit_cost",
+                f"{name} returned {units!r}; it must return a whole number >= 1",
+                task=self.task_name,
+            )
+        return units
+
+    def describe(self) -> str:
+        """The limits as text: ``'5/s, 50000/d'``."""
+        return ", ".join(limit.describe() for limit in self.limits)
+
+
+def _separate_shared_keys(task_name: str, limits: Sequence[TaskLimit]) -> tuple[TaskLimit, ...]:
+    """Give limits that share a key template keys of their own, by period."""
+    groups: dict[int, list[int]] = {}
+    sources: list[Any] = []
+    for index, limit in enumerate(limits):
+        source = limit.key.source
+        position = next((n for n, seen in enumerate(sources) if seen == source), None)
+        if position is None:
+            sources.append(source)
+            position = len(sources) - 1
+        groups.setdefault(position, []).append(index)
+    result = list(limits)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        periods: set[float] = set()
+        for index in members:
+            rate = limits[index].rate
+            if not isinstance(rate, Rate):
+                raise ConfigurationError(
+                    f"global_rate_limit[{index}]",
+                    "a callable rate needs a key of its own when several limits share one "
+                    "key: give it as (rate, key)",
+                    task=task_name,
+                )
+            if rate.period in periods:
+                raise ConfigurationError(
+                    f"global_rate_limit[{index}]",
+                    f"two limits per {rate.period:g} s on the same key; keep the smaller one, or "
+                    "give each a key of its own",
+                    task=task_name,
+                )
+            periods.add(rate.period)
+            result[index] = dataclasses.replace(limits[index], period=rate.period)
+    return tuple(result)
 
 
 @dataclass(frozen=True)
@@ -155,74 +269,187 @@ class TaskPolicy:
     lock: LockPolicy | None
     singleton: SingletonPolicy | None
     rate: RatePolicy | None
-    #: ``lock_ttl`` for the locks held while running (run lock and singleton).
+    #: The per-key concurrency limit, if any.
+    concurrency: ConcurrencyPolicy | None = None
+    #: Time to live of the locks held while running (run lock, singleton, slot);
+    #: ``None`` until :meth:`resolve` fills in ``redlock_default_ttl``.
     ttl: float | None = None
     #: ``lock_progress_timeout`` for the locks held while running.
     progress_timeout: float | None = None
+    debounce: DebouncePolicy | None = None
 
     @classmethod
-    def from_options(cls, task_name: str, signature: Any, options: Mapping[str, Any]) -> TaskPolicy:
-        """Check ``options``; raise ConfigurationError naming the task and option."""
-        read = _Options(task_name, options)
-        singleton_on = bool(read.flag("singleton"))
-        rate_text = options.get("global_rate_limit")
-        locking = read.flag("lock_enabled")
-        if locking is None:
-            # A task that only asks for a singleton or a rate limit does not
-            # also serialise all its runs, unless it names a lock key.
-            locking = options.get("lock_key") is not None or not (
-                singleton_on or rate_text is not None
+    def from_options(
+        cls, task_name: str, plan: ArgumentPlan, options: Mapping[str, Any]
+    ) -> TaskPolicy:
+        """Check ``options`` (a task's option values, ``None`` for unset).
+
+        ``plan`` is the task's argument plan: key templates are checked
+        against it. Raises :class:`ConfigurationError` naming the task and
+        the option.
+        """
+        values = task_options.read(task_name, options)
+        singleton_on = values["singleton"]
+        rate_on = values["global_rate_limit"] is not None
+        limit = values["concurrency_limit"]
+        debounce_on = values["debounce"] is not None
+        if singleton_on and debounce_on:
+            raise ConfigurationError(
+                "debounce",
+                "cannot be combined with singleton=True: a singleton returns the queued copy "
+                "instead of queueing the newer one, so nothing would be debounced; use one",
+                task=task_name,
             )
+        locking = values["lock_enabled"]
+        if locking is None:
+            # A task that only asks for a singleton, a rate limit or a
+            # concurrency limit does not also serialise all its runs, unless
+            # it names a lock key; a debounced one is serialised per debounce
+            # key (see below).
+            locking = (
+                values["lock_key"] is not None
+                or debounce_on
+                or not (singleton_on or rate_on or limit is not None)
+            )
+
+        def template(option: str, default: str) -> KeyTemplate:
+            return KeyTemplate(
+                values[option], default=default, task_name=task_name, option=option, plan=plan
+            )
+
+        lock_key = template("lock_key", task_name)
+        debounce = None
+        if debounce_on:
+            debounce = DebouncePolicy(
+                key=template("debounce_key", ""),
+                delay=values["debounce"],
+                ttl=values["debounce_ttl"],
+            )
+            if debounce.delay + debounce.ttl > MAX_TTL:
+                # The record lives debounce + debounce_ttl: longer than a
+                # key may live, the store's scripts refuse every publish.
+                raise ConfigurationError(
+                    "debounce" if debounce.delay >= MAX_TTL else "debounce_ttl",
+                    f"debounce + debounce_ttl ({debounce.delay:.12g} + {debounce.ttl:.12g} s) "
+                    f"must be at most {MAX_TTL:.12g} s (365 days), how long the record of a "
+                    "publish can be kept",
+                    task=task_name,
+                )
+            if values["lock_key"] is None:
+                # Runs of one debounce key never overlap (a run still going
+                # when the next burst's run is due, a re-delivered copy):
+                # the run lock defaults to the debounce key's name.
+                lock_key = _debounce_lock_key(task_name, debounce, plan)
         lock = LockPolicy(
-            key=read.key("lock_key", task_name, signature),
-            ttl=read.seconds("lock_ttl"),
-            timeout=read.seconds("lock_timeout", allow_zero=True) or 0.0,
-            on_busy=read.choice("on_lock_busy", BUSY_ACTIONS),
-            progress_timeout=read.seconds("lock_progress_timeout"),
+            key=lock_key,
+            timeout=values["lock_timeout"],
+            on_busy=values["on_lock_busy"],
+            max_requeues=values["lock_busy_max_requeues"],
         )
         singleton = SingletonPolicy(
-            key=read.key("singleton_key", "", signature),
-            ttl=read.seconds("singleton_ttl") or DEFAULT_SINGLETON_TTL,
-            on_duplicate=read.choice("on_duplicate", DUPLICATE_ACTIONS),
-            beat_window=read.seconds("singleton_beat_window") or DEFAULT_BEAT_WINDOW,
+            key=template("singleton_key", ""),
+            ttl=values["singleton_ttl"],
+            on_duplicate=values["on_duplicate"],
+            beat_window=values["singleton_beat_window"],
+            mode=values["singleton_mode"],
         )
         rate = None
-        if rate_text is not None:
-            try:
-                parsed = parse_rate(rate_text, option="global_rate_limit")
-            except ConfigurationError as exc:
-                raise read.error("global_rate_limit", str(exc)) from exc
-            rate = RatePolicy(
-                rate=parsed,
-                key=read.key("rate_limit_key", task_name, signature),
-                on_limited=read.choice("on_rate_limited", RATE_LIMITED_ACTIONS),
-                algorithm=read.choice("rate_limit_algorithm", ALGORITHMS),
+        if rate_on:
+            rate = RatePolicy.build(
+                task_name,
+                plan,
+                values["global_rate_limit"],
+                key_source=values["rate_limit_key"],
+                algorithm=values["rate_limit_algorithm"],
+                cost=values["rate_limit_cost"],
+                on_limited=values["on_rate_limited"],
             )
-        else:
-            for option in ("rate_limit_key", "on_rate_limited", "rate_limit_algorithm"):
-                if options.get(option) is not None:
-                    raise read.error(option, f"{option} needs global_rate_limit to be set")
+        concurrency = None
+        if limit is not None:
+            concurrency = ConcurrencyPolicy(
+                key=template("concurrency_key", task_name),
+                limit=limit,
+                timeout=values["lock_timeout"],
+                on_busy=values["on_lock_busy"],
+                max_requeues=values["lock_busy_max_requeues"],
+            )
         return cls(
             task_name=task_name,
             lock=lock if locking else None,
             singleton=singleton if singleton_on else None,
             rate=rate,
-            ttl=lock.ttl,
-            progress_timeout=lock.progress_timeout,
+            concurrency=concurrency,
+            ttl=values["lock_ttl"],
+            progress_timeout=values["lock_progress_timeout"],
+            debounce=debounce,
         )
 
     @property
     def active(self) -> bool:
         """Whether there is anything to do around this task."""
-        return self.lock is not None or self.singleton is not None or self.rate is not None
-
-
-def check_option_names(task_name: str, options: Mapping[str, Any]) -> None:
-    """Reject option names celery_redlock does not know (typos in ``redlock_tasks``)."""
-    unknown = sorted(set(options) - set(OPTION_NAMES))
-    if unknown:
-        raise ConfigurationError(
-            f"redlock_tasks[{task_name!r}]: unknown option(s) {', '.join(unknown)}; "
-            f"known: {', '.join(OPTION_NAMES)}",
-            option="redlock_tasks",
+        return (
+            self.lock is not None
+            or self.singleton is not None
+            or self.rate is not None
+            or self.concurrency is not None
+            or self.debounce is not None
         )
+
+    def resolve(self, settings: Settings) -> TaskPolicy:
+        """The policy with the app's defaults filled in, checked against its settings.
+
+        Every lock the task takes must live more than twice
+        ``redlock_node_timeout``, or no acquisition could ever be trusted.
+
+        Raises:
+            ConfigurationError: naming the task and the option (or the
+                setting whose default it uses) that is too short.
+        """
+        ttl_option = task_options.option("lock_ttl")
+        if self.ttl is not None:
+            ttl, ttl_source = self.ttl, ttl_option.name
+        else:
+            assert ttl_option.setting is not None
+            ttl, ttl_source = settings.value(ttl_option.setting), ttl_option.setting
+        lifetimes: list[tuple[str, float]] = []
+        if self.lock is not None or self.singleton is not None or self.concurrency is not None:
+            lifetimes.append((ttl_source, ttl))
+        if self.singleton is not None:
+            lifetimes.append(("singleton_ttl", self.singleton.ttl))
+            lifetimes.append(("singleton_beat_window", self.singleton.beat_window))
+        shortest = 2 * settings.node_timeout
+        for option, seconds in lifetimes:
+            if seconds <= shortest:
+                raise ConfigurationError(
+                    option,
+                    f"{seconds:g} s is too short for redlock_node_timeout "
+                    f"({settings.node_timeout:g} s); use more than {shortest:g} s",
+                    task=self.task_name,
+                )
+        return dataclasses.replace(self, ttl=ttl)
+
+    def lock_names(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[str]:
+        """The names of the locks a run of one call holds: run lock, then singleton."""
+        names = []
+        if self.lock is not None:
+            names.append(self.lock.key.render(args, kwargs))
+        if self.singleton is not None:
+            names.extend(self.singleton.names(self.task_name, args, kwargs))
+        return names
+
+    def slot_names(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[str]:
+        """The semaphore names a run of one call holds a slot of (none, or its concurrency key)."""
+        if self.concurrency is None:
+            return []
+        return [self.concurrency.key.render(args, kwargs)]
+
+
+def _debounce_lock_key(task_name: str, debounce: DebouncePolicy, plan: ArgumentPlan) -> KeyTemplate:
+    """A run lock named after the debounce key of each call."""
+
+    def name(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        return debounce.name(task_name, args, kwargs)
+
+    return KeyTemplate(
+        name, default=task_name, task_name=task_name, option="debounce_key", plan=plan
+    )

@@ -14,10 +14,22 @@ Connect like any Celery signal::
 * ``lock_released``: ``task_id``, ``key``, ``held`` (seconds)
 * ``lock_busy``: ``task_id``, ``key``, ``waited``, ``action`` (``retry``/``skip``/``raise``)
 * ``lock_lost``: ``task_id``, ``key``, ``held``, ``reason`` (text), ``code``
-  (``stalled``, ``renewal_failed`` or ``expired``)
+  (``stalled``, ``renewal_failed``, ``expired``, or ``lost_at_release``: the
+  task's release found the lock no longer its own); also sent for a
+  concurrency slot lost while its task ran (``key``: the concurrency key)
 * ``rate_limited``: ``task_id``, ``key``, ``retry_after`` (seconds), ``action``
 * ``duplicate_suppressed``: ``task_id`` (of the copy already queued or running),
   ``key``, ``where`` (``publish`` or ``worker``)
+* ``slot_acquired``: ``task_id``, ``key`` (the concurrency key), ``limit``,
+  ``slot`` (its number, 0 to ``limit - 1``), ``waited`` (seconds)
+* ``slot_busy``: ``task_id``, ``key``, ``limit``, ``waited``, ``action``
+  (``retry``/``skip``/``raise``): every slot stayed taken for ``lock_timeout``
+* ``slot_released``: ``task_id``, ``key``, ``held`` (seconds)
+* ``debounce_published``: ``task_id`` (the new latest copy), ``key``, ``delay``
+  (seconds until it may run), ``recorded`` (false when the debounce store did
+  not answer: the copy is recorded when it reaches a worker)
+* ``debounce_superseded``: ``task_id`` (the copy that does not run), ``key``,
+  ``latest`` (the task id that replaced it)
 """
 
 from __future__ import annotations
@@ -25,12 +37,17 @@ from __future__ import annotations
 from celery.utils.dispatch import Signal
 
 __all__ = [
+    "debounce_published",
+    "debounce_superseded",
     "duplicate_suppressed",
     "lock_acquired",
     "lock_busy",
     "lock_lost",
     "lock_released",
     "rate_limited",
+    "slot_acquired",
+    "slot_busy",
+    "slot_released",
 ]
 
 #: A task took its lock.
@@ -45,3 +62,13 @@ lock_lost = Signal(name="lock_lost")
 rate_limited = Signal(name="rate_limited")
 #: A singleton publish or run was refused because a copy is queued or running.
 duplicate_suppressed = Signal(name="duplicate_suppressed")
+#: A task took a slot of its concurrency limit.
+slot_acquired = Signal(name="slot_acquired")
+#: A task found every slot of its concurrency limit taken (after waiting ``lock_timeout``).
+slot_busy = Signal(name="slot_busy")
+#: A task gave its concurrency slot up (on any exit path).
+slot_released = Signal(name="slot_released")
+#: A debounced task was published: it is now its key's latest copy.
+debounce_published = Signal(name="debounce_published")
+#: A copy of a debounced task reached a worker after a later publish of its key: not run.
+debounce_superseded = Signal(name="debounce_superseded")

@@ -35,13 +35,20 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._layout import QUEUED, LockValue
 from .errors import ConfigurationError
 
-__all__ = ["canonical_hash", "queued_marker", "singleton_key", "task_id_of"]
+__all__ = [
+    "beat_tick_name",
+    "canonical_hash",
+    "debounce_name",
+    "queued_marker",
+    "queued_name",
+    "singleton_key",
+    "task_id_of",
+]
 
 logger = logging.getLogger("celery_redlock.singleton")
-
-QUEUED = "queued"
 
 
 def _canonical(value: Any, path: str) -> Any:
@@ -67,9 +74,9 @@ def _canonical(value: Any, path: str) -> Any:
 
 def _unhashable(path: str, value: Any) -> ConfigurationError:
     return ConfigurationError(
-        f"singleton: argument {path} = {value!r} ({type(value).__name__}) has no stable "
-        "hash; pass JSON-like arguments or give the task a singleton_key",
-        option="singleton_key",
+        "singleton_key",
+        f"argument {path} = {value!r} ({type(value).__name__}) has no stable hash; pass "
+        "JSON-like arguments or give the task a singleton_key",
     )
 
 
@@ -84,18 +91,37 @@ def singleton_key(policy: Any, task_name: str, args: Sequence[Any], kwargs: Any)
     """The singleton lock name of one call of ``task_name``."""
     template = policy.key
     if template.source is None:
-        return f"singleton:{task_name}:{canonical_hash(template.arguments(args, kwargs or {}))}"
+        try:
+            digest = canonical_hash(template.arguments(args, kwargs or {}))
+        except ConfigurationError as exc:
+            raise exc.with_context(task=task_name) from None
+        return f"singleton:{task_name}:{digest}"
     return f"singleton:{task_name}:{template.render(args, kwargs or {})}"
+
+
+def queued_name(singleton: str) -> str:
+    """The lock name of the queued follow-up of the singleton ``singleton`` ("queued" mode)."""
+    return f"{singleton}:queued"
+
+
+def debounce_name(task_name: str, key: str) -> str:
+    """The name of a debounced task's key: its record and its run lock."""
+    return f"debounce:{task_name}:{key}" if key else f"debounce:{task_name}"
+
+
+def beat_tick_name(singleton: str) -> str:
+    """The lock name that marks one beat tick of the singleton called ``singleton``."""
+    return f"beat-{singleton}"
 
 
 def queued_marker(task_id: str) -> str:
     """The end of a publisher's lock value, which the worker takes over."""
-    return f"|{task_id}|{QUEUED}"
+    return LockValue.suffix(task_id, QUEUED)
 
 
 def task_id_of(value: str | None) -> str | None:
     """The task id in a lock value ``token|task_id|where``, if there is one."""
-    if not value:
+    parsed = LockValue.parse(value)
+    if parsed is None or parsed.where is None:
         return None
-    parts = value.split("|")
-    return parts[1] if len(parts) >= 3 else None
+    return parsed.task_id

@@ -10,8 +10,10 @@ they are::
     install_logging()
     # INFO celery_redlock.events: lock_busy task=crm.sync key='crm' action=retry waited=0.000
 
-Levels: ``lock_acquired`` and ``lock_released`` at DEBUG (one per run),
-``lock_busy``, ``rate_limited`` and ``duplicate_suppressed`` at INFO,
+Levels: ``lock_acquired``, ``lock_released``, ``slot_acquired`` and
+``slot_released`` at DEBUG (one per run), so are ``debounce_published`` and
+``debounce_superseded`` (one per publish), ``lock_busy``, ``slot_busy``,
+``rate_limited`` and ``duplicate_suppressed`` at INFO,
 ``lock_lost`` at WARNING. Receivers are connected by :func:`install_logging`,
 never at import time.
 """
@@ -35,6 +37,11 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "lock_lost": ("held", "reason"),
     "rate_limited": ("retry_after", "action"),
     "duplicate_suppressed": ("where",),
+    "slot_acquired": ("waited", "limit", "slot"),
+    "slot_released": ("held",),
+    "slot_busy": ("waited", "limit", "action"),
+    "debounce_published": ("delay", "recorded"),
+    "debounce_superseded": ("latest",),
 }
 
 _LEVELS = {
@@ -44,6 +51,11 @@ _LEVELS = {
     "lock_lost": logging.WARNING,
     "rate_limited": logging.INFO,
     "duplicate_suppressed": logging.INFO,
+    "slot_acquired": logging.DEBUG,
+    "slot_released": logging.DEBUG,
+    "slot_busy": logging.INFO,
+    "debounce_published": logging.DEBUG,
+    "debounce_superseded": logging.DEBUG,
 }
 
 

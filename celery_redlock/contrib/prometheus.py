@@ -28,6 +28,19 @@ with labels from small fixed sets, so lock keys never become label values:
   global rate limit.
 * ``celery_redlock_duplicates_suppressed_total`` (counter, ``where``:
   ``publish``, ``worker``, ``beat``): singleton copies not queued or not run.
+* ``celery_redlock_slot_wait_seconds`` (histogram): from asking for a slot of
+  a task's ``concurrency_limit`` to holding one; its ``_count`` is the number
+  of slots taken.
+* ``celery_redlock_slot_held_seconds`` (histogram): how long a slot was held.
+* ``celery_redlock_slot_busy_total`` (counter, ``action``: ``retry``,
+  ``skip``, ``raise``): runs that found every slot taken for ``lock_timeout``.
+* ``celery_redlock_debounce_published_total`` (counter, ``recorded``:
+  ``true``, ``false``): debounced publishes, each its key's latest copy when
+  sent; ``false`` when the debounce store did not answer.
+* ``celery_redlock_debounce_superseded_total`` (counter): debounced copies
+  that did not run because a later publish of their key replaced them. The
+  published count minus the superseded count is the runs debouncing let
+  through.
 
 With the prefork pool each child process counts on its own: run
 prometheus_client in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` and a
@@ -119,6 +132,38 @@ class RedlockMetrics:
             ["task", "where"],
             registry=registry,
         )
+        self.slot_wait_seconds = Histogram(
+            "celery_redlock_slot_wait_seconds",
+            "Seconds from asking for a slot of a task's concurrency limit to holding one.",
+            ["task"],
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.slot_held_seconds = Histogram(
+            "celery_redlock_slot_held_seconds",
+            "Seconds a task held its concurrency slot, observed when it was released.",
+            ["task"],
+            buckets=HELD_BUCKETS,
+            registry=registry,
+        )
+        self.slot_busy = Counter(
+            "celery_redlock_slot_busy",
+            "Runs that found every slot of their concurrency limit taken, by what was done.",
+            ["task", "action"],
+            registry=registry,
+        )
+        self.debounce_published = Counter(
+            "celery_redlock_debounce_published",
+            "Debounced publishes, each its key's latest copy when sent.",
+            ["task", "recorded"],
+            registry=registry,
+        )
+        self.debounce_superseded = Counter(
+            "celery_redlock_debounce_superseded",
+            "Debounced copies not run because a later publish of their key replaced them.",
+            ["task"],
+            registry=registry,
+        )
         #: The event logger ``install(log_events=True)`` connected, if any.
         self.event_logger: EventLogger | None = None
         self._connected: list[tuple[Any, str]] = []
@@ -151,6 +196,26 @@ class RedlockMetrics:
         """``duplicate_suppressed``: count it by where it was caught."""
         self.duplicates.labels(task_name_of(sender), str(where or "unknown")).inc()
 
+    def on_slot_acquired(self, sender: Any = None, waited: float = 0.0, **_: Any) -> None:
+        """``slot_acquired``: observe the wait."""
+        self.slot_wait_seconds.labels(task_name_of(sender)).observe(max(float(waited or 0.0), 0.0))
+
+    def on_slot_released(self, sender: Any = None, held: float = 0.0, **_: Any) -> None:
+        """``slot_released``: observe the time held."""
+        self.slot_held_seconds.labels(task_name_of(sender)).observe(max(float(held or 0.0), 0.0))
+
+    def on_slot_busy(self, sender: Any = None, action: Any = None, **_: Any) -> None:
+        """``slot_busy``: count it by action."""
+        self.slot_busy.labels(task_name_of(sender), str(action or "unknown")).inc()
+
+    def on_debounce_published(self, sender: Any = None, recorded: Any = True, **_: Any) -> None:
+        """``debounce_published``: count it."""
+        self.debounce_published.labels(task_name_of(sender), "true" if recorded else "false").inc()
+
+    def on_debounce_superseded(self, sender: Any = None, **_: Any) -> None:
+        """``debounce_superseded``: count it."""
+        self.debounce_superseded.labels(task_name_of(sender)).inc()
+
     # -- wiring ----------------------------------------------------------------
 
     def connect(self) -> RedlockMetrics:
@@ -164,6 +229,11 @@ class RedlockMetrics:
             signals.lock_lost: self.on_lock_lost,
             signals.rate_limited: self.on_rate_limited,
             signals.duplicate_suppressed: self.on_duplicate_suppressed,
+            signals.slot_acquired: self.on_slot_acquired,
+            signals.slot_released: self.on_slot_released,
+            signals.slot_busy: self.on_slot_busy,
+            signals.debounce_published: self.on_debounce_published,
+            signals.debounce_superseded: self.on_debounce_superseded,
         }
         for signal, receiver in receivers.items():
             uid = f"celery_redlock.prometheus:{id(self)}:{signal.name}"

@@ -1,8 +1,9 @@
 """``python -m celery_redlock.demo``: celery_redlock at work, start to finish.
 
 Starts three lock nodes, a broker and a witness (throw-away ``redis-server``
-processes, unless ``--nodes``/``--broker``/``--witness`` name your own) and two
-real Celery workers (a threads pool and a prefork pool), then shows:
+processes, unless ``--nodes URL... --broker URL --witness URL`` name your own;
+the witness database is flushed, so give it a scratch one) and two real
+Celery workers (a threads pool and a prefork pool), then shows:
 
 1. duplicate tasks for one account serialised by ``LockedTask`` while a lock
    node is killed mid-run;
@@ -181,7 +182,8 @@ def held_rate(app: Any, witness: redis.Redis) -> dict[str, Any]:
     raw: list[bytes] = witness.lrange("api:calls", 0, -1)  # type: ignore[assignment]
     calls = [entry.decode().split() for entry in raw]
     times = sorted(float(entry[0]) for entry in calls)
-    busiest = max(sum(1 for t in times[i:] if t < start + 0.95) for i, start in enumerate(times))
+    # Any window of one second, measured where the calls start.
+    busiest = max(sum(1 for t in times[i:] if t < start + 1.0) for i, start in enumerate(times))
     pids = len({entry[1] for entry in calls})
     say(
         f"  busiest second: {busiest} calls; first to last: {times[-1] - times[0]:.1f} s; "
@@ -251,8 +253,8 @@ def handoff_and_quorum(redlock: Redlock, group: ServerGroup | None) -> dict[str,
     return {"handoff_ms": median, "refused": refused}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the demo; return the process exit status."""
+def parse_options(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The demo's command line: ``[--nodes URL... --broker URL --witness URL]``."""
     parser = argparse.ArgumentParser(
         prog="python -m celery_redlock.demo",
         description=__doc__,
@@ -260,10 +262,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--nodes", nargs="+", metavar="URL", help="your own lock nodes")
     parser.add_argument("--broker", metavar="URL", help="a Redis broker (with --nodes)")
-    parser.add_argument("--witness", metavar="URL", help="a scratch Redis (with --nodes)")
+    parser.add_argument(
+        "--witness", metavar="URL", help="a scratch Redis database, flushed (with --nodes)"
+    )
     options = parser.parse_args(argv)
     if options.nodes and not (options.broker and options.witness):
         parser.error("--nodes needs --broker and --witness too (the witness is flushed)")
+    return options
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the demo; return the process exit status."""
+    options = parse_options(argv)
     with (
         redis_nodes(options) as (nodes, broker, witness_url, group),
         tempfile.TemporaryDirectory(prefix="celery-redlock-demo-") as logs,

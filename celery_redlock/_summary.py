@@ -1,0 +1,69 @@
+"""One-line summaries of unreachable Redis nodes, for log lines repeated at every re-queue.
+
+``QuorumUnavailable`` carries each failed node's full error; a worker that
+re-queues tasks while nodes are down says it once per re-queue, so it says
+it short::
+
+    1 of 3 lock nodes answered, 2 needed (redis://r2:6379/0: connection refused;
+    redis://r3:6379/0: no reply within the node timeout)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from .errors import QuorumUnavailable, RateLimiterUnavailable
+
+__all__ = ["reason", "short_error", "summary"]
+
+#: Longest reason kept for one node.
+_REASON_CHARS = 60
+#: redis-py's ``Error 111 connecting to host:6379. Connection refused.``
+_REDIS_PY_CONNECT = re.compile(r"^Error \d+ connecting to \S+?\. (?P<why>.+?)\.?$")
+
+
+def reason(node: str, error: BaseException | str) -> str:
+    """Why ``node`` failed, in a few words: ``connection refused``, ``no reply within ...``."""
+    text = str(error).removeprefix(f"{node}: ").strip()
+    matched = _REDIS_PY_CONNECT.match(text)
+    if matched:
+        text = matched.group("why")
+    elif text.startswith("cannot connect to ") and ": " in text:
+        text = text.rsplit(": ", 1)[1]
+    text = text[0].lower() + text[1:] if text[:1].isupper() and text[1:2].islower() else text
+    return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 1] + "…"
+
+
+def _nodes(failures: Mapping[str, BaseException]) -> str:
+    return "; ".join(f"{node}: {reason(node, error)}" for node, error in failures.items())
+
+
+def summary(error: QuorumUnavailable | RateLimiterUnavailable) -> str:
+    """One line: how many lock nodes answered and why the others did not, or the limiter's node."""
+    if isinstance(error, RateLimiterUnavailable):
+        cause = error.__cause__ if error.__cause__ is not None else error
+        return f"rate-limit Redis {error.node} did not answer ({reason(error.node, cause)})"
+    total = error.answered + len(error.failures)
+    text = f"{error.answered} of {total} lock nodes answered, {error.needed} needed"
+    return f"{text} ({_nodes(error.failures)})" if error.failures else text
+
+
+def short_error(
+    error: QuorumUnavailable | RateLimiterUnavailable, what: str
+) -> QuorumUnavailable | RateLimiterUnavailable:
+    """The same error in one line, ``<what>, Redis unavailable: <summary>``, caused by it."""
+    message = f"{what}, Redis unavailable: {summary(error)}"
+    short: QuorumUnavailable | RateLimiterUnavailable
+    if isinstance(error, RateLimiterUnavailable):
+        short = RateLimiterUnavailable(message, key=error.key, node=error.node)
+    else:
+        short = QuorumUnavailable(
+            message,
+            key=error.key,
+            answered=error.answered,
+            needed=error.needed,
+            failures=error.failures,
+        )
+    short.__cause__ = error
+    return short

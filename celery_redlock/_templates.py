@@ -1,0 +1,213 @@
+"""Key templates: ``"sync-user:{user_id}"`` rendered over a task call's arguments.
+
+A task's templates are checked against its signature once, when the task is
+defined; each call then only names its arguments (:class:`ArgumentPlan`)
+and fills the template in.
+"""
+
+from __future__ import annotations
+
+import inspect
+import string
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ._layout import glob_escape
+from ._spelling import closest
+from .errors import ConfigurationError
+
+__all__ = ["ArgumentPlan", "KeySource", "KeyTemplate", "task_arguments"]
+
+#: What a key option accepts: a template, a callable ``(args, kwargs) -> str``, or nothing.
+KeySource = str | Callable[[tuple[Any, ...], dict[str, Any]], str] | None
+
+_EMPTY = inspect.Parameter.empty
+_PLAIN = inspect.Parameter.POSITIONAL_OR_KEYWORD
+_VAR_KEYWORD = inspect.Parameter.VAR_KEYWORD
+
+
+class ArgumentPlan:
+    """A task's arguments by name, for one call: its signature, read once.
+
+    :meth:`arguments` gives what ``signature.bind(*args, **kwargs)`` with
+    defaults applied would, with ``**kwargs`` flattened. For the common
+    signature (plain parameters only) it pairs names and values directly;
+    anything else, and any call that does not fit the signature, goes
+    through :meth:`inspect.Signature.bind`, which raises the usual
+    ``TypeError``.
+    """
+
+    def __init__(self, signature: inspect.Signature) -> None:
+        self.signature = signature
+        parameters = signature.parameters
+        self.names: tuple[str, ...] = tuple(parameters)
+        self.takes_any_keyword = any(p.kind is _VAR_KEYWORD for p in parameters.values())
+        self._plain = all(p.kind is _PLAIN for p in parameters.values())
+        self._known = frozenset(self.names)
+        self._defaults = {
+            name: p.default for name, p in parameters.items() if p.default is not _EMPTY
+        }
+
+    def arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The call's arguments by name, in signature order, defaults applied."""
+        if not self._plain or len(args) > len(self.names):
+            return self._bound(args, kwargs)
+        values = dict(zip(self.names, args, strict=False))
+        for name in kwargs:
+            if name in values or name not in self._known:
+                return self._bound(args, kwargs)  # a TypeError, from bind()
+        values.update(kwargs)
+        for name in self.names[len(args) :]:
+            if name not in values:
+                if name not in self._defaults:
+                    return self._bound(args, kwargs)  # missing: a TypeError
+                values[name] = self._defaults[name]
+        return {name: values[name] for name in self.names}
+
+    def _bound(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values: dict[str, Any] = {}
+        for name, value in bound.arguments.items():
+            if self.signature.parameters[name].kind is _VAR_KEYWORD:
+                values.update(value)
+            else:
+                values[name] = value
+        return values
+
+
+def _parameters(plan: ArgumentPlan) -> list[str]:
+    """The names a template can use: the task's parameters, without ``*args``/``**kwargs``."""
+    plain = (inspect.Parameter.VAR_POSITIONAL, _VAR_KEYWORD)
+    return [name for name, p in plan.signature.parameters.items() if p.kind not in plain]
+
+
+def _fields(plan: ArgumentPlan) -> str:
+    """``{user_id}, {page}``: the task's parameters as template fields."""
+    return ", ".join(f"{{{name}}}" for name in _parameters(plan))
+
+
+def task_arguments(task_class: type) -> ArgumentPlan:
+    """The argument plan of a task class (its ``run`` without ``self`` for bound tasks)."""
+    raw = inspect.getattr_static(task_class, "run")
+    if isinstance(raw, staticmethod):
+        return ArgumentPlan(inspect.signature(raw.__func__))
+    signature = inspect.signature(raw)
+    parameters = list(signature.parameters.values())[1:]
+    return ArgumentPlan(signature.replace(parameters=parameters))
+
+
+class KeyTemplate:
+    """A key built from a task call: a ``str.format`` template, a callable, or fixed.
+
+    A template's fields name the task's arguments, defaults applied
+    (``"user:{user_id}"``, ``"{order.customer}"``, ``"{items[0]}"``). A
+    callable gets ``(args, kwargs)`` as the caller passed them. Bad templates
+    raise :class:`ConfigurationError` naming ``option`` and the task.
+    """
+
+    def __init__(
+        self,
+        source: KeySource,
+        *,
+        default: str,
+        task_name: str,
+        option: str,
+        plan: ArgumentPlan,
+    ) -> None:
+        self.source = source
+        self.default = default
+        self.plan = plan
+        self.option = option
+        self.task_name = task_name
+        self.fields: tuple[str, ...] = ()
+        if source is None or callable(source):
+            return
+        if not isinstance(source, str) or not source:
+            raise ConfigurationError(
+                option,
+                "must be a non-empty str.format template or a callable (args, kwargs) -> str, "
+                f"got {source!r}",
+                task=task_name,
+            )
+        try:
+            parsed = list(string.Formatter().parse(source))
+        except ValueError as exc:
+            raise ConfigurationError(
+                option, f"{source!r} is not a valid template: {exc}", task=task_name
+            ) from exc
+        names = []
+        for _, field, _, _ in parsed:
+            if field is None:
+                continue
+            base = field.split(".", 1)[0].split("[", 1)[0]
+            if not base or base.isdigit():
+                raise ConfigurationError(
+                    option,
+                    f"{source!r} must name arguments ({_fields(plan) or 'the task takes none'}), "
+                    "not positions ({} or {0})",
+                    task=task_name,
+                )
+            names.append(base)
+        for name in names:
+            if name not in plan.names and not plan.takes_any_keyword:
+                meant = closest(name, _parameters(plan))
+                hint = f"; did you mean {{{meant}}}?" if meant is not None else ""
+                raise ConfigurationError(
+                    option,
+                    f"{source!r} names {{{name}}}, which is not an argument of the task "
+                    f"(it takes: {', '.join(_parameters(plan)) or 'nothing'}){hint}",
+                    task=task_name,
+                )
+        self.fields = tuple(names)
+
+    @property
+    def fixed(self) -> str | None:
+        """The one key this source renders whatever the call; ``None`` if calls differ."""
+        if self.source is None:
+            return self.default
+        if callable(self.source) or self.fields:
+            return None
+        return self.source.format()
+
+    def glob(self) -> str | None:
+        """A Redis glob matching every key the template renders; ``None`` for a callable."""
+        if self.source is None:
+            return glob_escape(self.default)
+        if callable(self.source):
+            return None
+        parts = []
+        for literal, field, _, _ in string.Formatter().parse(self.source):
+            parts.append(glob_escape(literal))
+            if field is not None:
+                parts.append("*")
+        return "".join(parts)
+
+    def render(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The key for one call."""
+        source = self.source
+        if source is None:
+            return self.default
+        if callable(source):
+            key = source(tuple(args), dict(kwargs))
+            if not isinstance(key, str) or not key:
+                raise ConfigurationError(
+                    self.option,
+                    f"{source!r} returned {key!r}; it must return a non-empty str",
+                    task=self.task_name,
+                )
+            return key
+        arguments = self.plan.arguments(args, kwargs)
+        try:
+            return source.format_map(arguments)
+        except KeyError as exc:  # a task taking **kwargs, called without the field
+            raise ConfigurationError(
+                self.option,
+                f"{source!r} names {{{exc.args[0]}}}, which this call does not pass "
+                f"(it passes: {', '.join(arguments) or 'nothing'})",
+                task=self.task_name,
+            ) from None
+
+    def arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The call's arguments by name, defaults applied, ``**kwargs`` flattened."""
+        return self.plan.arguments(args, kwargs)

@@ -1,0 +1,441 @@
+"""Rate limits as data: each limit's rate in force and its use now, overrides, task limits.
+
+A limit's use is read with the limiter's own ``peek`` (one script call,
+nothing counted), so it is exactly what the next run would see: the rate
+in force (an override's, if one is set), the units taken in the current
+window, what remains and when the next unit frees. Where the rate comes
+from, in order: the one the caller gives; the app's tasks whose limit has
+that key (a key template without fields, or the task name); an override on
+the key. With none of them, only which algorithms hold state for the key is
+known.
+
+:func:`task_limits` lists the limits the app's tasks declare (of one task,
+given its name); :func:`task_uses` reads those of one task on every key it
+has counted, a key template's keys found by :func:`matching_keys`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from .._layout import RateKeys, period_key
+from .._rates import DynamicRate, Rate
+from .._spelling import closest
+from ..config import Settings
+from ..errors import RateLimiterUnavailable
+from ..policies import TaskLimit, TaskPolicy
+from ..rategate import PUBLISH_BUDGET
+from ..ratelimit import ALGORITHMS, Algorithm, Limit, RateLimiter, RateOverride
+from ..task_table import entry_policy
+from ._access import NodeClient
+
+__all__ = [
+    "LimitUse",
+    "RateView",
+    "TaskRateLimit",
+    "limit_use",
+    "matching_keys",
+    "rate_overview",
+    "rate_state",
+    "rate_view",
+    "task_limits",
+    "task_uses",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRateLimit:
+    """One limit a task declares (``global_rate_limit``)."""
+
+    task: str
+    #: The limit's key: fixed, or a template over the task's arguments.
+    key: str
+    #: The configured rate as text (a callable rate: its name).
+    rate: str
+    algorithm: Algorithm
+    #: The key is the same for every call (no template field, no callable).
+    fixed_key: bool
+    #: The rate, or ``None`` for a callable rate.
+    parsed: Rate | None = None
+    #: A Redis glob matching every key the limit counts on; ``None`` when a
+    #: function names the key.
+    glob: str | None = None
+    #: The rate as the task gives it: a :class:`Rate`, or a callable rate.
+    source: Rate | DynamicRate | None = dataclasses.field(default=None, compare=False)
+
+    def counts_on(self, key: str) -> bool:
+        """Whether this limit may count on ``key`` (any key, when a function names it)."""
+        if self.fixed_key:
+            return self.key == key
+        if self.glob is None:
+            return True
+        return _glob_regex(self.glob).fullmatch(key) is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form."""
+        return {
+            "task": self.task,
+            "key": self.key,
+            "rate": self.rate,
+            "algorithm": self.algorithm,
+            "fixed_key": self.fixed_key,
+            "glob": self.glob,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitUse:
+    """One limit on one key, as a run starting now would find it (nothing counted)."""
+
+    key: str
+    #: The rate in force as text: the override's when ``overridden``.
+    rate: str
+    algorithm: str
+    limit: float
+    period: float
+    #: Units taken in the current window (``⌈limit⌉ - remaining``).
+    used: int
+    remaining: int
+    #: Seconds until one more unit is admitted; ``0.0`` if one is now.
+    retry_after: float
+    #: Seconds until the limit holds no state.
+    reset_after: float
+    overridden: bool
+    #: ``"publish"`` for beat's publishes of a task, ``None`` for runs.
+    budget: str | None = None
+    #: The task that declares the limit, if one does.
+    task: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class RateView:
+    """One rate-limit key: the limits on it and their use, its override, its raw state."""
+
+    key: str
+    node: str
+    #: Each limit known on the key, with its use now.
+    limits: list[LimitUse]
+    #: The override in force on the key, if any.
+    override: RateOverride | None
+    #: Per algorithm: ``{"algorithm", "state_key", "exists", "ttl", "error"}``.
+    state: list[dict[str, Any]]
+
+    @property
+    def decision(self) -> LimitUse | None:
+        """The first limit's use (for callers that gave one rate)."""
+        return self.limits[0] if self.limits else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form."""
+        return {
+            "key": self.key,
+            "node": self.node,
+            "limits": [use.as_dict() for use in self.limits],
+            "override": None if self.override is None else _override_dict(self.override),
+            "state": self.state,
+        }
+
+
+def task_limits(app: Any, settings: Settings, task: str | None = None) -> list[TaskRateLimit]:
+    """Every limit the app's tasks declare, ``redlock_tasks`` entries included.
+
+    With ``task``, the limits of that task only. The app's task modules are
+    imported first, as a worker does.
+
+    Raises:
+        LookupError: the app has no task ``task``, or it has no limit.
+        ConfigurationError: a task's options are wrong (``check`` reports those).
+    """
+    app.loader.import_default_modules()
+    if task is not None and task not in app.tasks:
+        meant = closest(task, [name for name in app.tasks if not name.startswith("celery.")])
+        hint = f"; did you mean {meant!r}?" if meant is not None else ""
+        raise LookupError(f"this app has no task {task!r}{hint}")
+    policies: dict[str, TaskPolicy] = {}
+    for name, each in sorted(app.tasks.items()):
+        policy = getattr(each, "_redlock_policy", None)
+        if isinstance(policy, TaskPolicy):
+            policies[name] = policy
+    for name, options in settings.tasks.items():
+        each = app.tasks.get(name)
+        if each is not None:
+            # An entry's options are the ones applied to the task (task_table).
+            policies[name] = entry_policy(name, type(each), options)
+    found = []
+    for name, policy in sorted(policies.items()):
+        if task is not None and name != task:
+            continue
+        for limit in policy.rate.limits if policy.rate is not None else ():
+            found.append(_declared(name, limit))
+    if task is not None and not found:
+        raise LookupError(f"task {task!r} has no global_rate_limit")
+    return found
+
+
+def _declared(task: str, limit: TaskLimit) -> TaskRateLimit:
+    template = limit.key
+    source = template.source
+    if source is None:
+        key, fixed = template.default, True
+    elif callable(source):
+        key, fixed = getattr(source, "__qualname__", repr(source)), False
+    else:
+        key, fixed = source, not template.fields
+        if fixed:
+            key = source.format_map({})
+    glob = template.glob()
+    if limit.period is not None:
+        key = period_key(key, limit.period)
+        glob = None if glob is None else period_key(glob, limit.period)
+    parsed = limit.rate if isinstance(limit.rate, Rate) else None
+    return TaskRateLimit(
+        task, key, limit.describe(), limit.algorithm, fixed, parsed, glob, limit.rate
+    )
+
+
+def matching_keys(
+    limiter: RateLimiter, node: NodeClient, glob: str, algorithm: Algorithm
+) -> list[str]:
+    """The rate-limit keys matching ``glob`` that have state under ``algorithm``.
+
+    Raises:
+        RateLimiterUnavailable: the Redis did not answer.
+    """
+    keys = RateKeys(limiter.key_prefix)
+    found = set()
+    try:
+        for raw in node.client.scan_iter(match=keys.pattern(glob, algorithm), count=1000):
+            state_key = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+            key = keys.limit_key(state_key, algorithm)
+            if key is not None:
+                found.add(key)
+    except (RedisError, OSError) as exc:
+        raise RateLimiterUnavailable(
+            f"rate limits: Redis at {node.name} did not answer ({exc})", key=glob, node=node.name
+        ) from exc
+    return sorted(found)
+
+
+def task_uses(
+    limiter: RateLimiter,
+    node: NodeClient,
+    declared: Sequence[TaskRateLimit],
+    key: str | None = None,
+) -> list[LimitUse]:
+    """One task's limits (``declared``) on each key they counted, and their use now.
+
+    A limit's keys: its one key when fixed, else every key its template
+    renders that has state; only ``key`` when given. A limit whose key a
+    function names has no known keys: it shows only for a ``key`` given. A
+    callable rate is read for each key, as a run would read it. Nothing is
+    counted.
+
+    Raises:
+        LookupError: ``key`` is no key of any of the limits.
+        RateLimiterUnavailable: the Redis did not answer.
+    """
+    uses: list[LimitUse] = []
+    for known in declared:
+        assert known.source is not None, "a task's limit knows its rate"
+        if key is not None:
+            keys = [key] if known.counts_on(key) else []
+        elif known.fixed_key:
+            keys = [known.key]
+        elif known.glob is not None:
+            keys = matching_keys(limiter, node, known.glob, known.algorithm)
+        else:
+            keys = []
+        for each in keys:
+            state = rate_state(limiter, node, each)
+            uses += _with_publish(limiter, known, state, key=each)
+    if key is not None and not uses:
+        shown = ", ".join(repr(known.key) for known in declared)
+        raise LookupError(f"{key!r} is not a key of task {declared[0].task!r}'s limits ({shown})")
+    return uses
+
+
+def _glob_regex(glob: str) -> re.Pattern[str]:
+    """A glob of ``KeyTemplate.glob`` (``*``, ``?`` and backslash escapes) as a regex."""
+    parts, escaped = [], False
+    for char in glob:
+        if escaped:
+            parts.append(re.escape(char))
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "*":
+            parts.append(".*")
+        elif char == "?":
+            parts.append(".")
+        else:
+            parts.append(re.escape(char))
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def limit_use(
+    limiter: RateLimiter,
+    key: str,
+    rate: Any,
+    algorithm: Algorithm,
+    *,
+    budget: str | None = None,
+    task: str | None = None,
+) -> LimitUse:
+    """Peek at one limit: its rate in force and its use now.
+
+    Raises:
+        RateLimiterUnavailable: no Redis of the limiter answered.
+        ConfigurationError: a bad rate or algorithm.
+    """
+    decision = limiter.peek(Limit(key, rate, algorithm, budget=budget))
+    (one,) = decision.limits
+    most = math.ceil(one.limit)
+    if one.overridden:
+        override = limiter.get_override(key)
+        text = override.text if override is not None else str(Rate(one.limit, one.period))
+    else:
+        text = str(Rate(one.limit, one.period))
+    return LimitUse(
+        key=key,
+        rate=text,
+        algorithm=one.algorithm,
+        limit=one.limit,
+        period=one.period,
+        used=max(most - one.remaining, 0),
+        remaining=one.remaining,
+        retry_after=one.retry_after,
+        reset_after=one.reset_after,
+        overridden=one.overridden,
+        budget=budget,
+        task=task,
+    )
+
+
+def rate_state(limiter: RateLimiter, node: NodeClient, key: str) -> list[dict[str, Any]]:
+    """Which algorithms hold state for ``key`` (runs and beat's publishes), and its ttl.
+
+    Raises:
+        RateLimiterUnavailable: the Redis did not answer.
+    """
+    names = [
+        (algorithm, budget, limiter.state_key(key, algorithm, budget=budget))
+        for budget in (None, PUBLISH_BUDGET)
+        for algorithm in ALGORITHMS
+    ]
+    pipe = node.client.pipeline(transaction=False)
+    for _, _, name in names:
+        pipe.pttl(name)
+    try:
+        replies = pipe.execute(raise_on_error=False)
+    except (RedisError, OSError) as exc:
+        raise RateLimiterUnavailable(
+            f"rate limits: Redis at {node.name} did not answer ({exc})", key=key, node=node.name
+        ) from exc
+    found = []
+    for (algorithm, budget, name), pttl in zip(names, replies, strict=True):
+        error = str(pttl) if isinstance(pttl, Exception) else None
+        exists = error is None and int(pttl) != -2
+        if budget is not None and not exists:
+            continue  # a publish budget is shown only where beat has used one
+        found.append(
+            {
+                "algorithm": algorithm,
+                "budget": budget,
+                "state_key": name,
+                "exists": exists,
+                "ttl": max(int(pttl), 0) / 1000 if exists and int(pttl) >= 0 else None,
+                "error": error,
+            }
+        )
+    return found
+
+
+def rate_view(
+    limiter: RateLimiter,
+    node: NodeClient,
+    key: str,
+    *,
+    rate: Any = None,
+    algorithm: Algorithm | None = None,
+    declared: Sequence[TaskRateLimit] = (),
+) -> RateView:
+    """Everything known about rate-limit ``key``; counts nothing.
+
+    ``rate`` (with ``algorithm``) is a limit to peek at; without it, the
+    ``declared`` task limits on ``key``; without those, its override.
+
+    Raises:
+        RateLimiterUnavailable: the Redis did not answer.
+        ConfigurationError: a bad rate or algorithm.
+    """
+    state = rate_state(limiter, node, key)
+    override = limiter.get_override(key)
+    with_state = [entry for entry in state if entry["exists"]]
+    guessed: Algorithm = with_state[0]["algorithm"] if len(with_state) >= 1 else ALGORITHMS[0]
+    uses: list[LimitUse] = []
+    if rate is not None:
+        uses.append(limit_use(limiter, key, rate, algorithm or guessed))
+    else:
+        for known in declared:
+            if known.fixed_key and known.key == key and known.parsed is not None:
+                uses += _with_publish(limiter, known, state)
+        if not uses and override is not None:
+            uses.append(limit_use(limiter, key, override.rate, algorithm or guessed))
+    return RateView(key=key, node=_deciding(limiter), limits=uses, override=override, state=state)
+
+
+def rate_overview(
+    limiter: RateLimiter, node: NodeClient, declared: Iterable[TaskRateLimit]
+) -> tuple[list[LimitUse], list[TaskRateLimit], list[RateOverride]]:
+    """Every task limit with a fixed key and its use; the templated ones; every override.
+
+    Raises:
+        RateLimiterUnavailable: the Redis did not answer.
+    """
+    uses: list[LimitUse] = []
+    per_call: list[TaskRateLimit] = []
+    for known in declared:
+        if known.fixed_key and known.parsed is not None:
+            uses += _with_publish(limiter, known, rate_state(limiter, node, known.key))
+        else:
+            per_call.append(known)
+    return uses, per_call, limiter.overrides()
+
+
+def _with_publish(
+    limiter: RateLimiter,
+    known: TaskRateLimit,
+    state: Sequence[dict[str, Any]],
+    *,
+    key: str | None = None,
+) -> list[LimitUse]:
+    """The use of ``known`` on ``key`` (default: its fixed key), and of beat's budget if used."""
+    key = known.key if key is None else key
+    rate = known.source if known.source is not None else known.parsed
+    uses = [limit_use(limiter, key, rate, known.algorithm, task=known.task)]
+    if any(entry["budget"] == PUBLISH_BUDGET for entry in state):
+        uses.append(
+            limit_use(limiter, key, rate, known.algorithm, budget=PUBLISH_BUDGET, task=known.task)
+        )
+    return uses
+
+
+def _deciding(limiter: RateLimiter) -> str:
+    for status in limiter.status():
+        if status.answering:
+            return status.node
+    return limiter.status()[0].node
+
+
+def _override_dict(override: RateOverride) -> dict[str, Any]:
+    return {"key": override.key, "rate": override.text, "ttl": override.ttl}

@@ -1,0 +1,270 @@
+"""Copies of a run: a message delivered again after its run ended, a duplicate in a canvas.
+
+**Re-delivery.** A Redis or SQS broker delivers an unacknowledged message
+again after its ``visibility_timeout`` (``acks_late``, or a message a worker
+holds for its ``eta``), with the same task id. A copy delivered while its
+twin runs is re-queued behind it (:mod:`.run`); a copy delivered after the
+twin ended must not run at all, or it runs the body a second time and
+overwrites the twin's result. So:
+
+- a run whose message may come again (:func:`leaves_mark`: ``acks_late``,
+  an ``eta``; or a re-delivered or re-queued copy) writes a
+  *done mark* for its task id on the lock nodes when its body ends, before
+  it releases its locks, kept for :data:`DONE_TTL_FACTOR` times the lock's
+  ttl;
+- a run that may be such a copy (kombu marks it ``redelivered``, or it was
+  re-queued behind its twin) checks, once it holds its locks, whether its
+  task id has a done mark or a result in a ready state (``SUCCESS``,
+  ``FAILURE``, ``REVOKED``) in the result backend (:func:`finished`), and
+  ends as ignored if so, keeping the twin's result. A retry (``RETRY``) is
+  no end: it runs;
+- a run that may have been overtaken by its own copy (it has an ``eta``, or
+  it is a singleton, whose worker may have held it while the broker
+  delivered it again) looks for the done mark only: the copy, if it ran,
+  left one.
+
+Other runs neither write nor read anything more. Without a result backend
+the mark alone tells: a copy arriving more than ``2 * lock_ttl`` after its
+twin ended runs again (never beside it).
+
+**Canvas.** A group or chord with two identical singleton signatures
+freezes a task id for each; the second copy must end with a result or
+``group.get()`` and the chord wait forever. Its publish is not suppressed
+(:mod:`.publication`); in the worker the copy finds the singleton held by
+the other id, and is re-queued (:data:`WINNER_HEADER`) until that run has
+ended: it then ends with the winner's return value, or fails with
+:class:`~celery_redlock.errors.DuplicateTask` if the winner did not succeed
+(:func:`winner_outcome`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, NoReturn
+
+from celery import states
+from celery.exceptions import Ignore
+
+from . import signals
+from ._layout import done_key
+from ._nodes import Command, fan_out
+from ._outcomes import failed, reply
+from .config import redlock_for
+from .errors import DuplicateTask
+from .policies import TaskPolicy
+from .redlock import Redlock
+from .singleton import task_id_of
+
+__all__ = [
+    "DONE_TTL_FACTOR",
+    "WINNER_HEADER",
+    "finished",
+    "held_at_most",
+    "in_canvas",
+    "leaves_mark",
+    "look_at_winner",
+    "mark_done",
+    "redelivered",
+    "stand_in",
+    "winner_outcome",
+]
+
+logger = logging.getLogger("celery_redlock.task")
+
+#: A done mark lives this many times the run's lock ttl: a copy re-queued
+#: behind its twin comes back within the ttl and a second and a half.
+DONE_TTL_FACTOR = 2.0
+#: Message header of a canvas copy waiting for the run of this task id.
+WINNER_HEADER = "redlock_winner"
+#: kombu's ``visibility_timeout`` where it is not set, by broker URL scheme, when
+#: shorter than a lock's ttl could be (Redis: 3600 s).
+_DEFAULT_VISIBILITY = {"sqs": 30.0}
+#: Longest wait, in seconds, before a waiting canvas copy looks at its winner again.
+_WINNER_POLL = 2.0
+
+
+def redelivered(request: Any) -> bool:
+    """Whether the broker marked this delivery as one made before (kombu's ``redelivered``)."""
+    info = getattr(request, "delivery_info", None) or {}
+    return bool(info.get("redelivered"))
+
+
+def leaves_mark(task: Any, request: Any) -> bool:
+    """Whether a run's message may be delivered again once the run ended.
+
+    ``acks_late`` keeps it unacknowledged while it runs; a message with an
+    ``eta`` is held unacknowledged by the worker until then. (Copies are
+    decided by the caller.)
+    """
+    return bool(getattr(task, "acks_late", False) or getattr(request, "eta", None))
+
+
+def mark_done(redlock: Redlock, task_id: str, ttl: float) -> None:
+    """Record on every lock node that a run of ``task_id`` ended; best effort."""
+    command = Command(
+        ("SET", done_key(redlock.key_prefix, task_id), "1", "PX", max(1, round(ttl * 1000)))
+    )
+    nodes = redlock.nodes
+    results = fan_out(nodes, [[command]] * len(nodes), redlock.node_timeout)
+    missed = sum(failed(reply(result)) for result in results)
+    if missed:
+        logger.debug("task %s: done mark not written on %d node(s)", task_id, missed)
+
+
+def finished(
+    task: Any, redlock: Redlock | None, task_id: str, *, backend: bool = True
+) -> str | None:
+    """Why ``task_id`` counts as finished (a done mark, a ready state), or ``None``.
+
+    ``redlock``: the lock nodes to look for a done mark on; ``None`` for a
+    task that takes no lock. ``backend``: ask the result backend too (a run
+    that is no copy itself only needs the mark: a copy that ran first left one).
+    """
+    if redlock is not None:
+        key = done_key(redlock.key_prefix, task_id)
+        nodes = redlock.nodes
+        command = Command(("EXISTS", key))
+        for result in fan_out(nodes, [[command]] * len(nodes), redlock.node_timeout):
+            answer = reply(result)
+            if not failed(answer) and answer:
+                return "its run left a done mark"
+    if not backend:
+        return None
+    try:
+        state = task.backend.get_state(task_id)
+    except Exception:  # no result backend, or it is down: the mark is all there is
+        return None
+    if state in states.READY_STATES:
+        return f"the result backend has it in {state}"
+    return None
+
+
+def held_at_most(app: Any, countdown: float) -> float:
+    """``countdown``, shortened to half the broker's ``visibility_timeout`` if that is less.
+
+    A worker holds a message with a countdown unacknowledged until it is
+    due; held longer than the visibility timeout, the broker delivers it
+    again, and each copy held as long is delivered again in turn. A copy
+    re-queued to look again later must be due before that.
+    """
+    options = app.conf.broker_transport_options or {}
+    timeout = options.get("visibility_timeout")
+    if timeout is None:
+        scheme = str(app.conf.broker_url or "").partition("://")[0]
+        timeout = _DEFAULT_VISIBILITY.get(scheme)
+    if isinstance(timeout, int | float) and timeout > 0:
+        return min(countdown, timeout / 2)
+    return countdown
+
+
+# -- canvas copies ---------------------------------------------------------------------
+
+
+def in_canvas(request: Any) -> bool:
+    """Whether the run belongs to a group or a chord, whose result someone waits for."""
+    return bool(getattr(request, "group", None) or getattr(request, "chord", None))
+
+
+def stand_in(task: Any, request: Any, policy: TaskPolicy, key: str, holder_id: str) -> NoReturn:
+    """A duplicate singleton in a group or chord: end with the holder's result, later.
+
+    Its task id was frozen by the canvas, which waits for a result under it.
+    With ``on_duplicate="raise"`` it fails now with :class:`DuplicateTask`;
+    otherwise it is re-queued until the holder has ended.
+    """
+    signals.duplicate_suppressed.send(sender=task, task_id=holder_id, key=key, where="worker")
+    assert policy.singleton is not None
+    if policy.singleton.on_duplicate == "raise":
+        raise DuplicateTask(
+            f"task {task.name!r}: singleton {key!r} is queued or running as task {holder_id}",
+            task_name=task.name,
+            task_id=holder_id,
+            key=key,
+        )
+    entries = redlock_for(task.app).inspect(key)
+    left = max((entry[1] for entry in entries if isinstance(entry, tuple)), default=1.0)
+    _wait_for_winner(task, request, key, holder_id, left)
+
+
+def look_at_winner(
+    task: Any, request: Any, policy: TaskPolicy, args: Any, kwargs: Any, winner: str
+) -> tuple[bool, Any]:
+    """A canvas copy back from waiting for ``winner``: its result, or wait again.
+
+    Returns ``(True, value)`` to end with the winner's value, ``(False,
+    None)`` to run as a singleton of its own (the winner is gone).
+    """
+    assert policy.singleton is not None
+    key = policy.singleton.name(task.name, args, kwargs)
+    ended, value = winner_outcome(task, redlock_for(task.app), key, winner)
+    if ended:
+        logger.info("task %s: ends with the result of singleton %s", request.id, winner)
+        return True, value
+    if value is not None:
+        _wait_for_winner(task, request, key, winner, value, again=True)
+    return False, None
+
+
+def _wait_for_winner(
+    task: Any, request: Any, key: str, holder_id: str, left: float, *, again: bool = False
+) -> NoReturn:
+    """Re-queue a canvas copy until ``holder_id``, which holds singleton ``key``, has ended.
+
+    ``left`` is the holder's lock's time to live, in seconds. Told at INFO
+    the first time, at DEBUG each time the copy looks again.
+    """
+    countdown = held_at_most(task.app, max(0.2, min(left, _WINNER_POLL)) * random.uniform(0.5, 1.5))
+    logger.log(
+        logging.DEBUG if again else logging.INFO,
+        "task %s: duplicate of singleton %s (%r) in a canvas; waiting for its result",
+        request.id,
+        holder_id,
+        key,
+    )
+    copy = task.signature_from_request(request, request.args, request.kwargs, countdown=countdown)
+    headers = dict(copy.options.get("headers") or {})
+    headers[WINNER_HEADER] = holder_id
+    copy.options["headers"] = headers
+    copy.apply_async()
+    raise Ignore()
+
+
+def winner_outcome(task: Any, redlock: Redlock, key: str, winner: str) -> tuple[bool, Any]:
+    """What a canvas copy waiting for ``winner`` does now.
+
+    Returns ``(True, value)`` when the winner succeeded: the copy ends with
+    its value. Returns ``(False, seconds)`` while the winner is still queued
+    or running (or its result is on its way): wait that long. Returns
+    ``(False, None)`` when the winner is gone without a result: the copy runs
+    as a singleton of its own.
+
+    Raises:
+        DuplicateTask: the winner ended without succeeding.
+    """
+    meta = _meta(task, winner)
+    state = meta.get("status", states.PENDING)
+    if state == states.SUCCESS:
+        return True, meta.get("result")
+    if state in states.READY_STATES:
+        raise DuplicateTask(
+            f"task {task.name!r}: singleton {key!r} ran as task {winner}, which ended in {state}",
+            task_name=task.name,
+            task_id=winner,
+            key=key,
+        )
+    entries = [entry for entry in redlock.inspect(key) if isinstance(entry, tuple)]
+    holders = {task_id_of(value) for value, _ in entries if value}
+    if winner in holders:
+        return False, max(ttl for _, ttl in entries)
+    if finished(task, redlock, winner):
+        return False, 0.2  # ended; its result is being stored
+    return False, None
+
+
+def _meta(task: Any, task_id: str) -> dict[str, Any]:
+    try:
+        meta = task.backend.get_task_meta(task_id)
+    except Exception:  # no result backend, or it is down: the winner's end cannot be seen
+        return {}
+    return meta if isinstance(meta, dict) else {}

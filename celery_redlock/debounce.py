@@ -1,0 +1,241 @@
+"""Debounce: a burst of publishes for one key runs the task once, with the last arguments.
+
+::
+
+    @app.task(base=LockedTask, debounce=5.0, debounce_key="reindex:{doc_id}")
+    def reindex(doc_id, reason): ...
+
+Every publish (``delay``/``apply_async``, beat) records itself, in one
+script call, as its key's *latest* copy, due ``debounce`` seconds from now
+on the Redis clock, and is sent with that countdown. When a copy comes up in
+a worker it runs only if it is still its key's latest and due; otherwise a
+later publish replaced it, and it ends without running, its result a
+:class:`~celery_redlock.errors.Superseded` failure naming the copy that
+replaced it (so ``.get()`` on it raises at once instead of waiting). The last
+copy of a burst was published last, so its countdown ends at least
+``debounce`` seconds after the burst's last publish: the task runs once, then,
+with the last publish's arguments.
+
+Where the record lives, and why: on one Redis, the rate limiter's
+(``redlock_rate_limit_url``, else the first lock node), as
+``<prefix>debounce:{<name>}`` (see :func:`celery_redlock._layout.debounce_record`).
+The record is a register, "which publish came last", and one server
+running one script per publish orders every publish of a key, from any
+number of processes, in one round trip. Spread over a quorum of lock
+nodes, publishes that race could be ordered differently on different
+nodes, and a copy would need a majority to agree before it could know
+whether to run. What the single server may do instead is fail, and neither
+failure loses a publish:
+
+- it does not answer at publish: the message is sent anyway (logged), without
+  a sequence number; the first worker to get it records it then and puts it
+  back for ``debounce`` seconds. It does not answer when a copy comes up: the
+  copy is re-queued (not counted as a retry) until it does.
+- it restarts empty, or the record expired (``debounce_ttl`` after the last
+  copy was due): each publish carries its sequence number (the server's
+  clock in microseconds, strictly increasing per key), a copy that finds no
+  record, or one older than itself, records itself and runs. So the newest
+  publish always runs; older ones may too, once each.
+
+Runs of one key never overlap: a debounced task's run lock is named after
+its debounce key unless it has a ``lock_key`` of its own. Eager runs
+(``apply()``, ``task_always_eager``) are not debounced. Copies sent by name
+(``app.send_task``) are recorded when a worker first gets them, and then wait
+``debounce`` seconds like any other.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import random
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from celery import states
+from celery.exceptions import Ignore
+from celery.utils import uuid
+
+from . import signals
+from .config import debounce_store_for as store_for
+from .errors import DebounceUnavailable, RedlockError, Superseded
+
+if TYPE_CHECKING:
+    from .policies import DebouncePolicy
+    from .publication import Publication
+    from .run import TaskRun
+
+__all__ = ["DEBOUNCE_HEADER", "UNAVAILABLE_RETRY", "admit", "publish"]
+
+logger = logging.getLogger("celery_redlock.debounce")
+
+#: Message header carrying a copy's publish sequence number.
+DEBOUNCE_HEADER = "redlock_debounce"
+#: Seconds before a copy that could not reach the debounce store comes up again.
+UNAVAILABLE_RETRY = 5.0
+
+
+# -- publishing ------------------------------------------------------------------------
+
+
+def publish(publication: Publication) -> Any:
+    """Send one debounced publish: record it as its key's latest, then send it delayed.
+
+    A re-send of a copy (a retry, a re-queue: Celery sets ``retries``) keeps
+    its record, header and countdown: it is the same publish.
+    """
+    task = publication.task
+    policy = publication.policy.debounce
+    assert policy is not None
+    options = publication.options
+    if publication.resent:
+        return publication.send_plain()
+    task_id = publication.task_id = publication.task_id or uuid()
+    name = policy.name(task.name, publication.args, publication.kwargs)
+    delay = _delay(policy, options)
+    headers = dict(options.get("headers") or {})
+    seq: int | None = None
+    try:
+        seq = store_for(task.app).publish(name, task_id, delay=delay, ttl=policy.ttl)
+    except DebounceUnavailable as exc:
+        logger.warning(
+            "debounce %r: %s; task %s sent unrecorded, to be recorded when a worker gets it",
+            name,
+            exc,
+            task_id,
+        )
+    else:
+        headers[DEBOUNCE_HEADER] = seq
+    options["headers"] = headers
+    options["countdown"] = delay
+    try:
+        result = publication.send_plain()
+    except BaseException:
+        if seq is not None:
+            _withdraw(task.app, name, task_id)
+        raise
+    signals.debounce_published.send(
+        sender=task, task_id=task_id, key=name, delay=delay, recorded=seq is not None
+    )
+    return result
+
+
+def _delay(policy: DebouncePolicy, options: dict[str, Any]) -> float:
+    """Seconds until the copy may run: the debounce, or a later countdown/eta the caller gave."""
+    delay = policy.delay
+    countdown = options.pop("countdown", None)
+    if isinstance(countdown, int | float) and not isinstance(countdown, bool):
+        delay = max(delay, float(countdown))
+    eta = options.pop("eta", None)
+    if isinstance(eta, str):
+        try:
+            eta = datetime.datetime.fromisoformat(eta)
+        except ValueError:
+            options["eta"] = eta  # not ours to judge: Celery reports it
+            return delay
+    if isinstance(eta, datetime.datetime):
+        now = datetime.datetime.now(datetime.UTC)
+        if eta.tzinfo is None:  # Celery reads a naive eta as UTC (enable_utc, the default)
+            now = now.replace(tzinfo=None)
+        delay = max(delay, (eta - now).total_seconds())
+    return delay
+
+
+def _withdraw(app: Any, name: str, task_id: str) -> None:
+    try:
+        store_for(app).withdraw(name, task_id)
+    except DebounceUnavailable as exc:
+        logger.warning(
+            "debounce %r: task %s was not sent and is still recorded as the latest (%s); "
+            "earlier copies end superseded by it",
+            name,
+            task_id,
+            exc,
+        )
+
+
+# -- in the worker -----------------------------------------------------------------------
+
+
+def admit(run: TaskRun) -> None:
+    """Return if the run is its key's latest publish and due; else end or re-queue it."""
+    task, request = run.task, run.request
+    policy = run.policy.debounce
+    assert policy is not None
+    if request.is_eager or request.called_directly:
+        return
+    name = policy.name(task.name, run.args, run.kwargs)
+    store = store_for(task.app)
+    seq = _sequence(request)
+    try:
+        if seq is None:
+            seq = store.publish(name, run.task_id, delay=policy.delay, ttl=policy.ttl)
+            _send_recorded(run, name, seq, policy.delay)
+        verdict = store.check(name, run.task_id, seq, ttl=policy.ttl)
+    except DebounceUnavailable as exc:
+        countdown = UNAVAILABLE_RETRY * random.uniform(0.5, 1.5)
+        logger.warning(
+            "task %s (%s): debounce %r not checked: %s; re-queued to run in %.1f s",
+            task.name,
+            request.id,
+            name,
+            exc,
+            countdown,
+        )
+        run.requeue_uncounted(countdown, exc)
+    if verdict.action == "run":
+        return
+    if verdict.action == "early":
+        # Due later on the store's clock than on the publisher's: wait the rest.
+        run.requeue_uncounted(
+            verdict.wait, RedlockError(f"debounce {name!r}: due in {verdict.wait:.3f} s")
+        )
+    _end_superseded(run, name, verdict.latest)
+
+
+def _sequence(request: Any) -> int | None:
+    headers = request.headers or {}
+    raw = headers.get(DEBOUNCE_HEADER, getattr(request, DEBOUNCE_HEADER, None))
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str) and raw.isdigit():
+        return int(raw)
+    return None
+
+
+def _send_recorded(run: TaskRun, name: str, seq: int, delay: float) -> NoReturn:
+    """An unrecorded copy, now recorded: send it again, to run ``delay`` s from now."""
+    task, request = run.task, run.request
+    logger.info(
+        "task %s: debounce %r recorded on arrival; runs in %.1f s unless published again",
+        request.id,
+        name,
+        delay,
+    )
+    signals.debounce_published.send(
+        sender=task, task_id=request.id, key=name, delay=delay, recorded=True
+    )
+    copy = task.signature_from_request(request, request.args, request.kwargs, countdown=delay)
+    copy.options["headers"] = {**(copy.options.get("headers") or {}), DEBOUNCE_HEADER: seq}
+    copy.apply_async()
+    raise Ignore()
+
+
+def _end_superseded(run: TaskRun, name: str, latest: str | None) -> NoReturn:
+    task, request = run.task, run.request
+    signals.debounce_superseded.send(sender=task, task_id=request.id, key=name, latest=latest)
+    logger.info("task %s: debounce %r superseded by task %s; not run", request.id, name, latest)
+    error = Superseded(
+        f"task {task.name!r}: debounce {name!r}: superseded by the later publish {latest}, "
+        "which runs instead",
+        task_name=task.name,
+        task_id=latest,
+        key=name,
+    )
+    if not (task.ignore_result or getattr(request, "ignore_result", False)):
+        try:
+            task.backend.store_result(request.id, error, states.FAILURE, request=request)
+        except Exception as exc:  # no result backend, or it is down: the log line stays
+            logger.debug("task %s: superseded not recorded in the backend: %s", request.id, exc)
+    raise Ignore()

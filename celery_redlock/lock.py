@@ -1,0 +1,529 @@
+"""Lock: one named lock on a :class:`~celery_redlock.Redlock`.
+
+A :class:`Lock` is acquired, extended and released; each acquisition is
+fresh (a new random token, its validity measured from its own start). The
+rules, and how they differ from other lock libraries:
+
+* ``acquire(blocking=False, timeout=5)`` is refused: a non-blocking acquire
+  makes one attempt, so a timeout would be silently ignored.
+* ``extend(ttl)`` changes the current hold only; ``lock.ttl`` (what later
+  acquisitions, ``extend()`` and the heartbeat use) stays as it was.
+* A node outage is told apart from a lost lock: ``extend()`` raises
+  ``QuorumUnavailable`` and keeps a lock that is still valid when too few
+  nodes answer to tell, ``LockLost`` when fewer than a majority can still
+  hold it. ``release()`` returns ``False`` only when the lock was lost.
+* ``with lock:`` raises ``LockLost`` on exit when the release finds the lock
+  gone (unless the block is already raising): the block's work may have
+  overlapped another holder's.
+* A lock acquired elsewhere is extended or released from another object or
+  process with ``redlock.lock(name, token=lock.value)``.
+* ``auto_renew=True`` renews the lock from the process heartbeat while it is
+  held; the heartbeat holds it by weak reference, so a lock object dropped
+  without ``release()`` stops being renewed and expires within its ttl.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from . import _clock
+from ._arguments import MAX_TTL, seconds, text
+from ._fencing import token_for
+from ._layout import LockValue
+from ._lease import Lease
+from ._nodes import Call, fan_out
+from ._outcomes import Tally, acquire_decided, failed, majority_at_least, majority_held, reply
+from ._scripts import load
+from .errors import (
+    ConfigurationError,
+    LockLost,
+    LockNotAcquired,
+    QuorumUnavailable,
+    RedlockError,
+)
+from .heartbeat import heartbeat
+
+if TYPE_CHECKING:
+    from .heartbeat import HeldLock
+    from .redlock import Redlock
+
+__all__ = ["Lock"]
+
+logger = logging.getLogger("celery_redlock.lock")
+
+_ACQUIRE = load("acquire")
+_RELEASE = load("release")
+_EXTEND = load("extend")
+_FENCE_RAISE = load("fence_raise")
+
+
+def check_ttl(redlock: Redlock, ttl: object, option: str = "ttl") -> float:
+    """``ttl`` as seconds a lock of ``redlock`` may live: above 2 node timeouts, at most a year."""
+    value = seconds(ttl, option, maximum=MAX_TTL)
+    if value <= 2 * redlock.node_timeout:
+        raise ConfigurationError(
+            f"{option}: {ttl!r} s is too short for a node_timeout of "
+            f"{redlock.node_timeout} s; use a ttl above {2 * redlock.node_timeout} s",
+            option=option,
+        )
+    return value
+
+
+def ms(seconds: float) -> int:
+    """Whole milliseconds for the Lua scripts (at least 1)."""
+    return max(1, int(seconds * 1000))
+
+
+@dataclass
+class _Outcome:
+    """What one acquire attempt found."""
+
+    acquired: bool
+    answered: int = 0
+    granted: int = 0
+    retry_hint: float | None = None
+    failures: dict[str, BaseException] = field(default_factory=dict)
+
+
+class Lock(Lease):
+    """One named lock on a :class:`Redlock`; reusable, each acquisition fresh.
+
+    All state lives on this object (never in a thread-local), so another
+    thread may extend or release it, as a heartbeat thread does. Create it
+    with :meth:`Redlock.lock`.
+
+    Example::
+
+        lock = redlock.lock("invoice:42", ttl=30.0)
+        if lock.acquire(timeout=5.0):
+            try:
+                store.write(invoice, fencing_token=lock.fencing_token)
+            finally:
+                lock.release()
+    """
+
+    def __init__(
+        self,
+        redlock: Redlock,
+        name: str,
+        ttl: float,
+        timeout: float | None = None,
+        owner: str | None = None,
+        *,
+        replaces: str | None = None,
+        token: str | None = None,
+        auto_renew: bool = False,
+    ) -> None:
+        self.name = text(name, "name", empty=False)
+        self.ttl = check_ttl(redlock, ttl)
+        self.timeout = None if timeout is None else seconds(timeout, "timeout", allow_zero=True)
+        if not isinstance(auto_renew, bool):
+            raise ConfigurationError(
+                f"auto_renew: expected True or False, got {auto_renew!r}", option="auto_renew"
+            )
+        self.redlock = redlock
+        #: Free text stored beside the token (``task_id|where`` for a task's lock).
+        self.owner = None if owner is None else text(owner, "owner")
+        #: Take the lock over from a holder whose value ends with this text.
+        self.replaces = "" if replaces is None else text(replaces, "replaces")
+        #: Renew from the process heartbeat while held (see the module docstring).
+        self.auto_renew = auto_renew
+        keys = redlock.keys(self.name)
+        self.key = keys.lock
+        self._fence_key = keys.fence
+        self._channel = keys.released
+        self._mutex = threading.RLock()
+        self._value: str | None = None
+        self._valid_until = 0.0
+        self._fencing_token: int | None = None
+        # Built from a token acquired elsewhere: its validity is unknown until
+        # an extend() confirms it.
+        self._adopted = False
+        self._held: HeldLock | None = None
+        #: Why the last acquisition ended without this object releasing it
+        #: (expired, taken over on some nodes, nodes unreachable); ``None`` otherwise.
+        self.lost_reason: str | None = None
+        # What the nodes answered to the last renewal that found no majority,
+        # while the lock was still valid: why it was lost if it runs out.
+        self._unconfirmed: str | None = None
+        if token is not None:
+            value = text(token, "token", empty=False)
+            if owner is not None:
+                raise ConfigurationError(
+                    "token: a lock built from a token carries its owner already; drop owner=",
+                    option="token",
+                )
+            self.owner = LockValue.owner_of(value)
+            self._value = value
+            self._adopted = True
+
+    kind = "lock"
+
+    def __repr__(self) -> str:
+        if self._adopted:
+            state = "held elsewhere, validity unknown"
+        else:
+            state = f"held, {self.validity:.3f}s left" if self.locked() else "not held"
+        return f"Lock({self.name!r}, ttl={self.ttl}, {state})"
+
+    # -- state ----------------------------------------------------------------
+
+    @property
+    def fencing_token(self) -> int | None:
+        """Integer larger than every earlier acquisition's, or ``None`` when not held.
+
+        Hand it to the storage you write under the lock, and let the storage
+        refuse writes that carry a smaller token than it has already seen.
+        ``None`` too for a lock built from a token (``redlock.lock(name,
+        token=...)``): the token travels with the acquisition, not the value.
+        """
+        return self._fencing_token if self._value is not None else None
+
+    @property
+    def value(self) -> str | None:
+        """The random token (and owner) written to Redis, or ``None`` when not held.
+
+        Pass it as ``token=`` to :meth:`Redlock.lock` to extend or release this
+        acquisition from another object or process.
+        """
+        return self._value
+
+    # -- acquire ----------------------------------------------------------------
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Take the lock; return whether it was taken.
+
+        Args:
+            blocking: wait for a busy lock (``False``: one attempt only).
+            timeout: longest wait, seconds; ``None`` uses the lock's default
+                (which itself defaults to waiting as long as it takes). With
+                ``blocking=False`` only ``None`` or ``0`` is accepted.
+
+        Raises:
+            QuorumUnavailable: fewer than a majority of the nodes answered the
+                only attempt of a non-blocking acquire, or 3 attempts in a
+                row (or the last one before the timeout) of a blocking one.
+            ConfigurationError: a bad timeout, or a timeout with ``blocking=False``.
+            RedlockError: this object already holds the lock.
+
+        A waiter is woken by the holder's release within milliseconds; when
+        the holder dies instead, it wakes as the key expires. A blocking
+        acquire retries a missing quorum after a short pause (a node can be
+        slow to answer for a moment while another is down) but gives up
+        within a few tenths of a second, so an outage is reported, not waited
+        out.
+        """
+        if timeout is not None:
+            timeout = seconds(timeout, "timeout", allow_zero=True)
+            if not blocking and timeout > 0:
+                raise ConfigurationError(
+                    f"timeout: lock {self.name!r}: a non-blocking acquire makes one attempt "
+                    f"and cannot wait {timeout} s; pass blocking=True, or no timeout",
+                    option="timeout",
+                )
+        else:
+            timeout = self.timeout
+        if self._adopted or self.locked():
+            raise RedlockError(
+                f"lock {self.name!r} is already held by this Lock object; "
+                "use redlock.lock(...) for another one"
+            )
+        return self._wait(
+            self._attempt,
+            channel=self._channel,
+            blocking=blocking,
+            timeout=timeout,
+            listen_first=False,
+        )
+
+    def _attempt(self) -> _Outcome:
+        """One try on every node; on failure the nodes are left as found.
+
+        The fencing token is settled in the same round trip when every node
+        that answered was below the proposed token, else in one more
+        (:mod:`._fencing`).
+        """
+        redlock = self.redlock
+        nodes = redlock.nodes
+        value = LockValue.compose(secrets.token_hex(16), self.owner)
+        proposal = redlock._fence_clock.propose(int(redlock.node_timeout * 1e6))
+        call = Call(
+            _ACQUIRE,
+            (self.key, self._fence_key),
+            (value, ms(self.ttl), ms(redlock.fence_ttl), self.replaces, str(proposal)),
+        )
+        started = _clock.monotonic()
+        decided = acquire_decided(redlock.quorum, len(nodes))
+        results = fan_out(nodes, [[call]] * len(nodes), redlock.node_timeout, enough=decided)
+        received = _clock.monotonic()
+
+        outcome = _Outcome(acquired=False)
+        granted: set[int] = set()
+        silent: set[int] = set()
+        highest_fence = 0  # over every node that answered, granting or not
+        latest_time = 0
+        pttls: list[int] = []
+        for index, result in enumerate(results):
+            answer = reply(result)
+            if failed(answer):
+                outcome.failures[nodes[index].name] = answer
+                silent.add(index)
+                continue
+            outcome.answered += 1
+            if answer[1] > highest_fence:
+                highest_fence = answer[1]
+            if answer[2] > latest_time:
+                latest_time = answer[2]
+            if answer[0]:
+                granted.add(index)
+            elif answer[3] >= 0:
+                # 0 means "expires within the millisecond": retry at once.
+                pttls.append(max(answer[3], 1))
+        if latest_time:
+            redlock._fence_clock.observe(latest_time, received)
+        outcome.granted = len(granted)
+
+        if len(granted) >= redlock.quorum:
+            token, settled = token_for(proposal, highest_fence)
+            if not settled and not self._record_token(token, outcome):
+                token = 0
+            remaining = _clock.validity(self.ttl, started, _clock.monotonic(), redlock.drift_factor)
+            if token and remaining > 0:
+                with self._mutex:
+                    self._value = value
+                    self._valid_until = (
+                        started + self.ttl - _clock.drift(self.ttl, redlock.drift_factor)
+                    )
+                    self._fencing_token = token
+                    self.lost_reason = None
+                    self._unconfirmed = None
+                redlock._fence_clock.issued(token)
+                outcome.acquired = True
+                if self.auto_renew:
+                    beat = heartbeat()
+                    if self._held is not None:  # an earlier acquisition that expired
+                        beat.drop(self._held)
+                    self._held = beat.hold(self, weak=True)
+                logger.debug(
+                    "acquired %s on %d/%d nodes, token %d (%s)",
+                    self.name,
+                    len(granted),
+                    len(nodes),
+                    token,
+                    "one round trip" if settled else "two round trips",
+                )
+                return outcome
+
+        # Undo wherever our fresh token may be: where it was set, and where
+        # no answer came (a node that timed out may have set it after we
+        # stopped listening). A node that answered "busy" cannot hold it.
+        self._release_value(value, notify=False, on=silent.union(granted))
+        if pttls:
+            outcome.retry_hint = min(pttls) / 1000.0
+        return outcome
+
+    def _record_token(self, token: int, outcome: _Outcome) -> bool:
+        """Raise every node's bucket to ``token``; True once a majority holds it.
+
+        When fewer than a majority answer, ``outcome`` is updated so the
+        attempt counts as one without a quorum.
+        """
+        redlock = self.redlock
+        call = Call(_FENCE_RAISE, (self._fence_key,), (str(token), ms(redlock.fence_ttl)))
+        results = fan_out(
+            redlock.nodes,
+            [[call]] * len(redlock.nodes),
+            redlock.node_timeout,
+            enough=majority_at_least(redlock.quorum, token),
+        )
+        answered = recorded = 0
+        for node, result in zip(redlock.nodes, results, strict=True):
+            answer = reply(result)
+            if failed(answer):
+                outcome.failures[node.name] = answer
+                continue
+            answered += 1
+            recorded += int(answer) >= token
+        outcome.answered = min(outcome.answered, answered)
+        return recorded >= redlock.quorum
+
+    # -- extend and release ---------------------------------------------------------
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Reset the current hold's time to live to ``ttl`` (default: the lock's ttl).
+
+        Works like a fresh acquisition: a majority of nodes must confirm
+        within the current validity. Nodes that answer and lack the key get
+        it back (``SET NX``, never over another owner's value), so a lock
+        taken while a node was down regains that node. ``ttl`` applies to this
+        hold only; ``lock.ttl`` is unchanged.
+
+        Raises:
+            LockLost: the lock had expired, or fewer than a majority of nodes
+                can still hold it (it was deleted or taken over); it has been
+                given up everywhere.
+            QuorumUnavailable: too few nodes answered to tell. The lock is
+                kept, with the validity it had; try again.
+            ConfigurationError: a ttl a lock could not be acquired with.
+        """
+        new_ttl = self.ttl if ttl is None else check_ttl(self.redlock, ttl)
+        redlock = self.redlock
+        with self._mutex:
+            value = self._value
+            if value is None:
+                raise LockLost(
+                    f"lock {self.name!r} is not held by this Lock object; acquire it first",
+                    key=self.name,
+                )
+            adopted = self._adopted
+            if not adopted and self.validity <= 0:
+                self._give_up(value, "its validity ran out before it was extended")
+                raise LockLost(
+                    f"lock {self.name!r} expired before it was extended; extend more "
+                    "often than the ttl, or use a longer ttl",
+                    key=self.name,
+                )
+            call = Call(_EXTEND, (self.key,), (value, ms(new_ttl), "0" if adopted else "1"))
+            started = _clock.monotonic()
+            results = fan_out(
+                redlock.nodes,
+                [[call]] * len(redlock.nodes),
+                redlock.node_timeout,
+                enough=majority_held(redlock.quorum),
+            )
+            finished = _clock.monotonic()
+            tally = Tally.of(redlock.nodes, results, redlock.quorum)
+            remaining = _clock.validity(new_ttl, started, finished, redlock.drift_factor)
+            if tally.confirmed and remaining > 0:
+                self._valid_until = started + new_ttl - _clock.drift(new_ttl, redlock.drift_factor)
+                self._adopted = False
+                self._unconfirmed = None
+                if tally.placed:
+                    logger.info(
+                        "lock %s placed again on %d node(s) that lacked it", self.name, tally.placed
+                    )
+                return
+            if tally.lost or (not adopted and self.validity <= 0):
+                reason = tally.describe()
+                if not tally.lost:
+                    reason = f"its validity ran out before a majority confirmed it; {reason}"
+                self._give_up(value, reason)
+                raise LockLost(f"lock {self.name!r} was lost: {reason}", key=self.name)
+            if tally.confirmed:
+                problem = (
+                    f"a majority confirmed it only after {finished - started:.3f} s, too late "
+                    f"for a ttl of {new_ttl} s"
+                )
+            else:
+                problem = tally.describe()
+            left = "its validity is unknown" if adopted else f"{self.validity:.3f} s left"
+        raise QuorumUnavailable(
+            f"lock {self.name!r} could not be extended: {problem}; it is still held "
+            f"({left}); retry, or check the nodes",
+            key=self.name,
+            answered=tally.nodes - tally.unreachable,
+            needed=redlock.quorum,
+            failures=tally.failures,
+        )
+
+    def release(self) -> bool:
+        """Give the lock up on every node; wake waiters.
+
+        Returns ``True`` when the lock was still ours: a majority of nodes
+        held it, or it was still valid by the clock and too few nodes answered
+        to say otherwise (the keys left on unreachable nodes expire within
+        the ttl). Returns ``False`` when it was lost: never held, expired, or
+        fewer than a majority still held it (see :attr:`lost_reason`). Keys
+        held by any other owner are never touched. Calling it again is
+        harmless.
+
+        Raises:
+            QuorumUnavailable: only for a lock built from a token (its
+                validity is unknown), when too few nodes answered to tell.
+        """
+        with self._mutex:
+            value = self._value
+            if value is None:
+                return False
+            was_valid = self.validity > 0
+            adopted = self._adopted
+            self._forget()
+        tally = self._release_value(value, notify=True)
+        if tally.confirmed:
+            return True
+        if tally.lost:
+            self.lost_reason = tally.describe()
+            logger.info("lock %s was lost before its release: %s", self.name, self.lost_reason)
+            return False
+        if adopted:
+            raise QuorumUnavailable(
+                f"lock {self.name!r}: could not tell whether it was still held: "
+                f"{tally.describe()}; its keys expire within its ttl",
+                key=self.name,
+                answered=tally.nodes - tally.unreachable,
+                needed=self.redlock.quorum,
+                failures=tally.failures,
+            )
+        if was_valid:
+            logger.warning(
+                "lock %s released where the nodes answered (%s); the rest expire within %s s",
+                self.name,
+                tally.describe(),
+                self.ttl,
+            )
+            return True
+        self.lost_reason = f"its validity had run out; {tally.describe()}"
+        return False
+
+    def _give_up(self, value: str, reason: str) -> None:
+        """Forget the acquisition and delete it wherever it is still ours."""
+        self.lost_reason = reason
+        self._forget()
+        self._release_value(value, notify=True)
+
+    def _forget(self) -> None:
+        """Drop this object's acquisition without telling the nodes."""
+        self._value = None
+        self._fencing_token = None
+        self._valid_until = 0.0
+        self._adopted = False
+        self._unconfirmed = None
+        held, self._held = self._held, None
+        if held is not None:
+            heartbeat().drop(held)
+
+    def _release_value(self, value: str, *, notify: bool, on: set[int] | None = None) -> Tally:
+        """Delete ``value`` where it is still the key's value; ``on``: only those nodes."""
+        redlock = self.redlock
+        nodes = redlock.nodes
+        if on is not None and not on:
+            return Tally(nodes=0, quorum=redlock.quorum)
+        call = Call(_RELEASE, (self.key,), (value, self._channel if notify else ""), late_ok=True)
+        calls = [[call] if on is None or index in on else [] for index in range(len(nodes))]
+        results = fan_out(nodes, calls, redlock.node_timeout, enough=majority_held(redlock.quorum))
+        tally = Tally.of(nodes, results, redlock.quorum, asked=sum(map(len, calls)))
+        if tally.unreachable and notify:
+            logger.debug("releasing %s did not reach %s", self.name, "; ".join(tally.failures))
+        return tally
+
+    # -- context manager -------------------------------------------------------------
+
+    def _not_acquired(self) -> LockNotAcquired:
+        return LockNotAcquired(
+            f"lock {self.name!r} is held by another owner and was not released within "
+            f"{self.timeout} s; raise the timeout or retry later",
+            key=self.name,
+            timeout=self.timeout,
+        )
+
+    def _lost_in_block(self) -> LockLost:
+        return LockLost(
+            f"lock {self.name!r} was lost before the end of the with block "
+            f"({self.lost_reason or 'it expired'}); the block's work may have overlapped "
+            "another holder's",
+            key=self.name,
+        )

@@ -1,0 +1,197 @@
+"""Per-call overrides: options of one call, given at the call and honoured by the worker.
+
+::
+
+    sync_user.apply_async((42,), redlock={"lock_timeout": 5, "on_lock_busy": "raise"})
+    report.delay("today")                                     # the task's own options
+    report.apply_async(("today",), redlock={"on_duplicate": "raise"})
+
+``LockedTask.apply_async`` (and so signatures and canvases of the task, and
+tasks configured by ``redlock_tasks``) and ``LockedTask.apply`` take the
+``redlock`` keyword. :func:`check` reads it at the call: an unknown name, an
+option that cannot be set per call, or a bad value is a
+:class:`~celery_redlock.errors.ConfigurationError` raised there, naming it
+(``redlock['lock_timout']``) and the closest valid name. The checked values
+travel in the message header :data:`HEADER`, so they hold in the worker, for
+the retries of the run, and for its busy-lock re-queues; the worker checks
+them again (a message may come from elsewhere) and :func:`apply` gives the
+run its policy with them.
+
+A call may change how it reacts to a busy lock, a duplicate or a limit, and
+how long its locks live (:data:`CALL_OPTIONS`). It may not change *what* it
+shares with other calls: ``lock_key``, ``singleton``, ``singleton_key``,
+``global_rate_limit``, ``rate_limit_key`` and the rest stay the task's. A key
+given per call would not exclude the runs that use the task's key, and the
+worker's main process, which frees the locks of a run whose process died by
+their names, would not find it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import options as task_options
+from ._spelling import closest
+from .errors import ConfigurationError
+from .policies import TaskPolicy
+
+if TYPE_CHECKING:
+    from .config import Settings
+
+__all__ = ["CALL_OPTIONS", "HEADER", "KEYWORD", "apply", "check", "from_request", "label"]
+
+#: The keyword of ``apply_async``/``apply`` that carries a call's overrides.
+KEYWORD = "redlock"
+#: The message header that carries them to the worker (checked values).
+HEADER = "redlock_options"
+
+#: The options a call may override, and what the task must have for each to mean anything.
+_NEEDS: Mapping[str, str] = {
+    "lock_timeout": "lock",
+    "on_lock_busy": "lock",
+    "lock_busy_max_requeues": "lock",
+    "lock_ttl": "held",
+    "lock_progress_timeout": "held",
+    "on_duplicate": "singleton",
+    "singleton_ttl": "singleton",
+    "on_rate_limited": "rate",
+}
+#: Every option a call may override.
+CALL_OPTIONS: tuple[str, ...] = tuple(_NEEDS)
+
+_MISSING = {
+    "lock": (
+        "the task takes no run lock (it sets no lock_key, or lock_enabled=False) "
+        "and has no concurrency_limit"
+    ),
+    "held": (
+        "the task holds no lock while it runs (no run lock, not a singleton, no concurrency_limit)"
+    ),
+    "singleton": "the task is not a singleton",
+    "rate": "the task has no global_rate_limit",
+}
+
+
+def label(name: str) -> str:
+    """How errors name an override: ``redlock['lock_timeout']``."""
+    return f"{KEYWORD}[{name!r}]"
+
+
+def check(
+    task_name: str, policy: TaskPolicy, raw: Any, settings: Settings | None = None
+) -> dict[str, Any]:
+    """A call's overrides, checked against the task's policy; ``None`` values dropped.
+
+    With ``settings``, a ttl is also checked against ``redlock_node_timeout``
+    as the task's own ttl is.
+
+    Raises:
+        ConfigurationError: naming the task and ``redlock['<name>']``.
+    """
+    if not isinstance(raw, Mapping):
+        raise ConfigurationError(
+            KEYWORD, f"expected a dict of options, got {raw!r}", task=task_name
+        )
+    checked: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name not in _NEEDS:
+            raise ConfigurationError(label(str(name)), _not_per_call(str(name)), task=task_name)
+        if value is None:
+            continue  # as everywhere: None is "not set", the task's own value applies
+        try:
+            checked[name] = task_options.option(name).check(value, name)
+        except ConfigurationError as exc:
+            raise ConfigurationError(label(name), exc.problem, task=task_name) from None
+        if not _has(policy, _NEEDS[name]):
+            raise ConfigurationError(
+                label(name), f"{_MISSING[_NEEDS[name]]}, so it would do nothing", task=task_name
+            )
+        if settings is not None and name in ("lock_ttl", "singleton_ttl"):
+            shortest = 2 * settings.node_timeout
+            if checked[name] <= shortest:
+                raise ConfigurationError(
+                    label(name),
+                    f"{checked[name]:g} s is too short for redlock_node_timeout "
+                    f"({settings.node_timeout:g} s); use more than {shortest:g} s",
+                    task=task_name,
+                )
+    return checked
+
+
+def apply(policy: TaskPolicy, overrides: Mapping[str, Any]) -> TaskPolicy:
+    """``policy`` with a call's checked overrides in place."""
+    lock, singleton, rate = policy.lock, policy.singleton, policy.rate
+    concurrency = policy.concurrency
+    if lock is not None:
+        lock = dataclasses.replace(
+            lock,
+            timeout=overrides.get("lock_timeout", lock.timeout),
+            on_busy=overrides.get("on_lock_busy", lock.on_busy),
+            max_requeues=overrides.get("lock_busy_max_requeues", lock.max_requeues),
+        )
+    if concurrency is not None:
+        # A full limit is waited for and handled as a busy lock is.
+        concurrency = dataclasses.replace(
+            concurrency,
+            timeout=overrides.get("lock_timeout", concurrency.timeout),
+            on_busy=overrides.get("on_lock_busy", concurrency.on_busy),
+            max_requeues=overrides.get("lock_busy_max_requeues", concurrency.max_requeues),
+        )
+    if singleton is not None:
+        singleton = dataclasses.replace(
+            singleton,
+            on_duplicate=overrides.get("on_duplicate", singleton.on_duplicate),
+            ttl=overrides.get("singleton_ttl", singleton.ttl),
+        )
+    if rate is not None:
+        rate = dataclasses.replace(
+            rate, on_limited=overrides.get("on_rate_limited", rate.on_limited)
+        )
+    return dataclasses.replace(
+        policy,
+        lock=lock,
+        singleton=singleton,
+        rate=rate,
+        concurrency=concurrency,
+        ttl=overrides.get("lock_ttl", policy.ttl),
+        progress_timeout=overrides.get("lock_progress_timeout", policy.progress_timeout),
+    )
+
+
+def from_request(request: Any) -> Any:
+    """The raw overrides a run's message carries (:data:`HEADER`), or ``None``.
+
+    Celery gives a message's own headers to the run as ``request.headers``,
+    in the worker and in eager runs alike.
+    """
+    headers = request.headers
+    return headers.get(HEADER) if headers else None
+
+
+def _has(policy: TaskPolicy, feature: str) -> bool:
+    if feature == "lock":
+        return policy.lock is not None or policy.concurrency is not None
+    if feature == "held":
+        return (
+            policy.lock is not None
+            or policy.singleton is not None
+            or policy.concurrency is not None
+        )
+    if feature == "singleton":
+        return policy.singleton is not None
+    return policy.rate is not None
+
+
+def _not_per_call(name: str) -> str:
+    per_call = ", ".join(CALL_OPTIONS)
+    if name in task_options.OPTION_NAMES:
+        return (
+            "cannot be set per call: it says what the call shares with other calls, which "
+            f"is the task's to say; set it on the task (per call: {per_call})"
+        )
+    meant = closest(name, CALL_OPTIONS)
+    if meant is not None:
+        return f"not an option a call can set; did you mean {meant}? (per call: {per_call})"
+    return f"not an option a call can set (per call: {per_call})"

@@ -1,0 +1,213 @@
+"""One publish of a LockedTask: the beat rate limit and the singleton lock.
+
+``apply_async`` (and so ``delay`` and beat) goes through a
+:class:`Publication` when the task is a singleton or has a global rate
+limit. A beat publish over the rate limit is not sent (beat would only log
+an error): it is counted in a budget of its own (:mod:`.rategate`), apart
+from the count made when the run starts. A singleton publish takes the
+singleton lock for the new task id first, and a duplicate gets the queued
+task's ``AsyncResult`` back (or :class:`~celery_redlock.errors.DuplicateTask`).
+What the worker does with the message is :mod:`.run`'s job.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Task, states
+from celery.utils import uuid
+
+from . import debounce, signals
+from ._layout import BEAT, QUEUED, LockValue
+from ._preview import call_text
+from ._preview import store as store_preview
+from .config import redlock_for
+from .errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
+from .policies import SingletonPolicy, TaskPolicy
+from .rategate import RateGate
+from .redlock import Lock
+from .singleton import beat_tick_name, task_id_of
+
+__all__ = ["Publication"]
+
+logger = logging.getLogger("celery_redlock.task")
+
+#: Header Celery's beat sets on the messages it publishes.
+_BEAT_HEADER = "celery_beat_task"
+#: Attempts at the singleton lock while its holder changes under us.
+_SINGLETON_ATTEMPTS = 3
+
+
+class Publication:
+    """``task.apply_async(args, kwargs, task_id=..., **options)``, guarded by ``policy``.
+
+    Example (what ``LockedTask.apply_async`` does)::
+
+        return Publication(task, policy, args, kwargs, task_id, options).send()
+    """
+
+    def __init__(
+        self,
+        task: Any,
+        policy: TaskPolicy,
+        args: Any,
+        kwargs: Any,
+        task_id: str | None,
+        options: dict[str, Any],
+    ) -> None:
+        self.task = task
+        self.policy = policy
+        self.args = tuple(args or ())
+        self.kwargs = dict(kwargs or {})
+        self.task_id = task_id
+        self.options = options
+        self.headers = dict(options.get("headers") or {})
+        # A run re-sent by a worker (a retry, a re-queue) keeps the headers of
+        # the message it came from, beat's included, and the ``retries`` beat
+        # never sets: it is no new tick, and must never be dropped as one.
+        self.from_beat = bool(self.headers.get(_BEAT_HEADER)) and options.get("retries") is None
+        #: A copy sent again by a worker (a retry, a re-queue), not a new publish.
+        self.resent = options.get("retries") is not None
+
+    def send(self) -> Any:
+        """Publish unless refused; return the ``AsyncResult`` to give the caller.
+
+        Raises:
+            DuplicateTask: a duplicate singleton with ``on_duplicate="raise"``.
+        """
+        if self.policy.rate is not None and self.from_beat:
+            gate = RateGate(self.task, self.policy.rate, self.args, self.kwargs)
+            refused = gate.at_publish()
+            if refused is not None:
+                return refused
+        if self.policy.debounce is not None:
+            return debounce.publish(self)
+        singleton = self.policy.singleton
+        if singleton is None:
+            return self._publish()
+        if singleton.mode == "queued" and self.resent:
+            # The copy keeps its place: its running key was handed back to it
+            # (a retry), or it is the queued follow-up waiting its turn.
+            return self._publish()
+        self.task_id = self.task_id or uuid()
+        return self._send_singleton(singleton)
+
+    def send_plain(self) -> Any:
+        """Publish as Celery does, with the current options; no check of our own."""
+        return self._publish()
+
+    def _publish(self) -> Any:
+        # Celery's own apply_async: LockedTask.apply_async is what led here.
+        return Task.apply_async(
+            self.task, self.args, self.kwargs, task_id=self.task_id, **self.options
+        )
+
+    def _send_singleton(self, singleton: SingletonPolicy) -> Any:
+        task, task_id = self.task, self.task_id
+        assert task_id is not None
+        # "queued" mode: a publish takes the follow-up's key, whatever runs.
+        key = singleton.names(task.name, self.args, self.kwargs)[-1]
+        redlock = redlock_for(task.app)
+        if self.from_beat:
+            tick = redlock.lock(
+                beat_tick_name(key),
+                ttl=singleton.beat_window,
+                owner=LockValue.owner_text(task_id, BEAT),
+            )
+            try:
+                fresh_tick = tick.acquire(blocking=False)
+            except QuorumUnavailable:
+                fresh_tick = True  # the singleton lock below still applies
+            if not fresh_tick:
+                # Another beat published this tick already; the lock expires by itself.
+                holder_id = task_id_of(redlock.holder(beat_tick_name(key))) or task_id
+                return self._duplicate(key, holder_id)
+        lock: Lock | None = redlock.lock(
+            key, ttl=singleton.ttl, owner=LockValue.owner_text(task_id, QUEUED)
+        )
+        for _ in range(_SINGLETON_ATTEMPTS):
+            assert lock is not None
+            try:
+                if lock.acquire(blocking=False):
+                    break
+            except QuorumUnavailable as exc:
+                logger.warning(
+                    "singleton %r: lock nodes unavailable (%s); publishing %s without the "
+                    "publish-time check (the worker still runs one copy at a time)",
+                    key,
+                    exc,
+                    task_id,
+                )
+                lock = None
+                break
+            value = redlock.holder(key)
+            holder = task_id_of(value)
+            if holder == task_id:
+                lock = None  # our own copy re-published: self.retry() or a twin
+                break
+            if holder is not None and not self._revoked_in_queue(key, value):
+                return self._duplicate(key, holder)
+        else:
+            raise LockNotAcquired(
+                f"singleton {key!r}: the nodes disagree on who holds it; try again",
+                key=key,
+                timeout=0.0,
+            )
+        try:
+            if lock is not None:
+                text = call_text(self.args, self.kwargs, self.options)
+                store_preview(redlock, key, task_id, text, singleton.ttl)
+            return self._publish()
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+
+    def _revoked_in_queue(self, key: str, value: str | None) -> bool:
+        """Free singleton ``key`` if its holder was revoked before it started.
+
+        A revoked task published with a countdown stays in a worker until its
+        eta; Celery marks it ``REVOKED`` in the result backend at once. Only
+        a holder still ``queued`` is looked up, and freed by its exact owner.
+        """
+        parsed = LockValue.parse(value)
+        if parsed is None or parsed.task_id is None or parsed.where != QUEUED:
+            return False
+        try:
+            state = self.task.backend.get_state(parsed.task_id)
+        except Exception:  # no result backend, or it is down: the revoke cannot be seen
+            return False
+        if state != states.REVOKED:
+            return False
+        redlock_for(self.task.app).release_owner(key, parsed.task_id, QUEUED)
+        logger.info("singleton %r: freed from task %s, revoked while queued", key, parsed.task_id)
+        return True
+
+    def _duplicate(self, key: str, holder_id: str) -> Any:
+        """A singleton is already queued or running as ``holder_id``.
+
+        Beat gets the queued task's result either way: an exception would
+        only become an error line in its log. A copy in a group or chord is
+        sent all the same: the canvas waits for a result under its own task
+        id, which the worker gives it once the holder has ended (:mod:`.copies`).
+        """
+        task = self.task
+        singleton = self.policy.singleton
+        assert singleton is not None
+        if self.task_id != holder_id and (
+            self.options.get("group_id") or self.options.get("chord")
+        ):
+            return self._publish()
+        signals.duplicate_suppressed.send(
+            sender=task, task_id=holder_id, key=key, where="beat" if self.from_beat else "publish"
+        )
+        if singleton.on_duplicate == "raise" and not self.from_beat:
+            raise DuplicateTask(
+                f"task {task.name!r}: a copy with these arguments is already queued or running "
+                f"as task {holder_id} (singleton {key!r})",
+                task_name=task.name,
+                task_id=holder_id,
+                key=key,
+            )
+        return task.AsyncResult(holder_id)

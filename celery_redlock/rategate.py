@@ -1,0 +1,189 @@
+"""Where a task's global rate limit is counted: when a run starts, and when beat publishes.
+
+One rule holds for every task with a ``global_rate_limit``, whoever
+published its runs (``delay``, ``send_task``, beat, canvas, retries): a run
+is counted in the limit's budget at the moment it *starts*, never before.
+So :class:`RateGate` is asked twice in the worker (:class:`~.run.TaskRun`):
+
+1. :meth:`RateGate.screen`, before any lock is taken, only *looks*
+   (``peek``): a run the limit would refuse now is re-queued without having
+   touched a lock (for a task that takes one; without locks it is skipped);
+2. :meth:`RateGate.admit`, once the locks are held, *counts* (``hit``), just
+   before the task body is called. A run that finds its lock busy is
+   re-queued before it gets here, so it never spends a unit: only runs that
+   start do. A run refused here (another worker took the last unit since the
+   screen) gives its locks back and is re-queued.
+
+Beat is asked once more, at publish (:meth:`RateGate.at_publish`): a tick
+over the limit is not sent at all, which is what stops a runaway schedule
+from filling the queue. That count goes to a separate *budget* of the same
+limit (``"publish"``: same key, rate and override, units counted apart), so
+a published tick is counted once for publishing and once when its run
+starts, each in its own budget: ticks that piled up behind a busy worker
+start at the limit's pace, not in a burst, and nothing is counted twice in
+one budget.
+
+When the limiter's Redis does not answer, a run is re-queued for later
+(``redlock_rate_limit_on_unavailable = "retry"``, the default: fail
+closed, not counted against ``max_retries``) or runs unchecked (``"allow"``,
+fail open); the limiter logs the outage once on ``celery_redlock.ratelimit``
+and its end once, not once per run. A beat tick is published unchecked
+either way: refusing it would lose it, and its run is counted when it starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from celery import states
+from celery.exceptions import Ignore
+from celery.result import EagerResult
+from celery.utils import uuid
+
+from . import signals
+from ._summary import short_error
+from .config import limiter_for
+from .errors import RateLimited, RateLimiterUnavailable
+from .policies import RatePolicy
+from .ratelimit import Limit, RateLimitDecision
+
+__all__ = ["LIMITER_DOWN_RETRY", "PUBLISH_BUDGET", "RateGate", "Requeue"]
+
+logger = logging.getLogger("celery_redlock.task")
+
+#: The budget beat's publishes of a task are counted in.
+PUBLISH_BUDGET = "publish"
+#: Seconds (times 0.5-1.5) before a run re-queued while the limiter is down tries again.
+LIMITER_DOWN_RETRY = 5.0
+
+#: Puts the current run back on the queue, ``countdown`` seconds from now, without
+#: spending one of its ``max_retries`` (``TaskRun.requeue_uncounted``).
+Requeue = Callable[[float, BaseException], NoReturn]
+
+
+class RateGate:
+    """The global rate limits of one call of a task, and the units it takes.
+
+    Example (what :class:`~.run.TaskRun` does)::
+
+        gate = RateGate(task, policy.rate, args, kwargs)
+        gate.screen(request, requeue)      # before the locks: look
+        ...take the locks...
+        gate.admit(request, requeue)       # then count, and run
+    """
+
+    def __init__(self, task: Any, policy: RatePolicy, args: Any, kwargs: Any) -> None:
+        self.task = task
+        self.policy = policy
+        self.args = tuple(args or ())
+        self.kwargs = dict(kwargs or {})
+        self.limits: tuple[Limit, ...] = policy.call_limits(self.args, self.kwargs)
+        self.cost = policy.call_cost(self.args, self.kwargs)
+
+    @property
+    def keys(self) -> str:
+        """The limits' keys, for messages: ``'api:acme', 'api'``."""
+        return ", ".join(repr(limit.key) for limit in self.limits)
+
+    # -- in the worker -------------------------------------------------------------
+
+    def screen(self, request: Any, requeue: Requeue) -> None:
+        """Look, counting nothing: re-queue (or skip, or raise) a run the limit refuses now."""
+        self._pass(request, requeue, count=False)
+
+    def admit(self, request: Any, requeue: Requeue) -> None:
+        """Count the run that is about to start; re-queue (or skip, or raise) if refused."""
+        self._pass(request, requeue, count=True)
+
+    def _pass(self, request: Any, requeue: Requeue, *, count: bool) -> None:
+        limiter = limiter_for(self.task.app)
+        try:
+            if count:
+                decision = limiter.hit(list(self.limits), cost=self.cost)
+            else:
+                decision = limiter.peek(list(self.limits), cost=self.cost)
+        except RateLimiterUnavailable as exc:
+            if request.called_directly:
+                raise
+            countdown = LIMITER_DOWN_RETRY * random.uniform(0.5, 1.5)
+            # The limiter has logged the outage once; one line per run would flood the log.
+            logger.debug(
+                "task %s (%s): rate limit %s not checked, the limiter is unavailable; "
+                "re-queued, will run again in %.1f s",
+                self.task.name,
+                request.id,
+                self.keys,
+                countdown,
+            )
+            # Celery's retry line carries the same error, in one line.
+            requeue(countdown, short_error(exc, f"rate limit {self.keys} not checked"))
+        if not decision.allowed:
+            self._refused(decision, request, requeue)
+
+    def _refused(self, decision: RateLimitDecision, request: Any, requeue: Requeue) -> NoReturn:
+        task, action = self.task, self.policy.on_limited
+        refused = decision.refused_by or decision.limits
+        tightest = max(refused, key=lambda limit: limit.retry_after)
+        signals.rate_limited.send(
+            sender=task,
+            task_id=request.id,
+            key=tightest.key,
+            retry_after=decision.retry_after,
+            action=action,
+        )
+        shown = ", ".join(
+            f"{limit.limit:g}/{limit.period:g}s on {limit.key!r}" for limit in refused
+        )
+        error = RateLimited(
+            f"task {task.name!r} ({request.id}): rate limit {shown} reached; "
+            f"allowed again in {decision.retry_after:.2f} s",
+            key=tightest.key,
+            retry_after=decision.retry_after,
+        )
+        if action == "skip":
+            logger.info("task %s: rate limit %r reached; skipped", request.id, tightest.key)
+            raise Ignore()
+        if action == "raise" or request.called_directly:
+            raise error
+        # Spread the waiting runs over one slot of the limit, so they do not all
+        # come back at the same moment.
+        spread = tightest.period / tightest.limit
+        requeue(decision.retry_after + random.uniform(0.0, spread), error)
+
+    # -- at beat's publish ---------------------------------------------------------
+
+    def at_publish(self) -> EagerResult | None:
+        """Count a beat publish in the publish budget: an ``IGNORED`` result if refused.
+
+        ``None`` means: publish (admitted, or not checked because the limiter
+        is down; the run is counted when it starts either way).
+        """
+        task = self.task
+        limits = self.policy.call_limits(self.args, self.kwargs, budget=PUBLISH_BUDGET)
+        try:
+            decision = limiter_for(task.app).hit(list(limits), cost=self.cost)
+        except RateLimiterUnavailable:
+            logger.info(
+                "beat publish of %s: rate limit %s not checked (limiter unavailable); "
+                "published, its run is counted when it starts",
+                task.name,
+                self.keys,
+            )
+            return None
+        if decision.allowed:
+            return None
+        skipped = uuid()
+        refused = decision.refused_by or decision.limits
+        key = max(refused, key=lambda limit: limit.retry_after).key
+        signals.rate_limited.send(
+            sender=task,
+            task_id=skipped,
+            key=key,
+            retry_after=decision.retry_after,
+            action="skip-publish",
+        )
+        logger.info("beat publish of %s skipped: rate limit %r reached", task.name, key)
+        return EagerResult(skipped, None, states.IGNORED)

@@ -1,0 +1,81 @@
+"""The limiter's algorithms: their names and what each can represent.
+
+Each algorithm is a branch of one script, ``scripts/ratelimit_hit.lua``, so
+that limits using different algorithms can be decided in one atomic call.
+Their guarantees are described in :mod:`celery_redlock.ratelimit` and
+``docs/rate-limiting.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from .._rates import Rate, micros
+from ..errors import ConfigurationError
+
+__all__ = [
+    "ALGORITHMS",
+    "DEFAULT_ALGORITHM",
+    "MIN_GCRA_INTERVAL",
+    "Algorithm",
+    "check_algorithm",
+    "check_rate_for",
+    "rate_problem_for",
+]
+
+#: The algorithms a limit can use.
+Algorithm = Literal["sliding", "gcra", "fixed"]
+
+#: Every algorithm, the default first.
+ALGORITHMS: tuple[Algorithm, ...] = ("sliding", "gcra", "fixed")
+
+#: Used when neither the call nor the limiter names one.
+DEFAULT_ALGORITHM: Algorithm = "sliding"
+
+#: The shortest interval between two units gcra spaces, seconds. The server
+#: clock counts microseconds, so an admission can come up to 1 µs after its
+#: slot; at 100 µs per unit that costs at most 1 % of the rate.
+MIN_GCRA_INTERVAL = 0.0001
+
+#: The shortest interval of the pace that gives a fractional fixed or sliding
+#: limit its long-run average, seconds (the pace allows bursts, so late
+#: arrivals lose nothing).
+MIN_PACE_INTERVAL = 0.000001
+
+
+def check_algorithm(algorithm: Any, option: str = "algorithm") -> Algorithm:
+    """``algorithm`` if it names one, else ConfigurationError naming ``option``."""
+    if algorithm not in ALGORITHMS:
+        raise ConfigurationError(
+            f"{option}: expected one of {', '.join(map(repr, ALGORITHMS))}, got {algorithm!r}",
+            option=option,
+        )
+    return algorithm  # type: ignore[no-any-return]
+
+
+def check_rate_for(rate: Rate, algorithm: Algorithm, option: str) -> None:
+    """Refuse, naming ``option``, a rate ``algorithm`` cannot keep the meaning of."""
+    problem = rate_problem_for(rate, algorithm)
+    if problem is not None:
+        raise ConfigurationError(f"{option}: {problem[1]}", option=option)
+
+
+def rate_problem_for(rate: Rate, algorithm: Algorithm) -> tuple[str, str] | None:
+    """Why ``algorithm`` cannot keep ``rate``: ``("limit" or "period", problem)``, or ``None``.
+
+    The rate's general bounds are checked by :func:`~celery_redlock._rates.check_rate`.
+    """
+    if algorithm == "gcra" and rate.interval < MIN_GCRA_INTERVAL:
+        return "limit", (
+            f"{rate} spaces units {rate.interval * 1e6:.3g} µs apart; gcra needs at least "
+            "100 µs per unit (at most 10,000 per second). Use 'sliding', or count larger units"
+        )
+    if algorithm != "gcra" and not rate.whole and rate.interval < MIN_PACE_INTERVAL:
+        return "limit", f"{rate} is a fractional rate of more than 1,000,000 units per second"
+    if algorithm == "fixed" and micros(rate.period) % 1000:
+        return "period", (
+            "a fixed window must be a whole number of milliseconds (Redis expires keys in "
+            f"milliseconds), got {rate.period!r} s; use 'sliding' or 'gcra', which count "
+            "microseconds"
+        )
+    return None

@@ -1,0 +1,448 @@
+"""``RateLimiter``: decisions on one Redis (or its fallback), one script call each."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Literal
+
+import redis
+from redis.exceptions import ResponseError
+
+from .. import _clock
+from .._arguments import MAX_NODE_TIMEOUT, MIN_NODE_TIMEOUT, positive_int, seconds
+from .._layout import RATE_PREFIX, RateKeys
+from .._nodes import Call, Command, Node, NodeFailure, fan_out
+from .._rates import RateSpec, micros
+from .._scripts import load
+from ..errors import ConfigurationError, RateLimiterUnavailable
+from .algorithms import ALGORITHMS, DEFAULT_ALGORITHM, Algorithm, check_algorithm
+from .decision import RateLimitDecision, from_reply, unchecked
+from .health import NodeStatus, Routes
+from .limits import (
+    LimitLike,
+    Resolved,
+    check_budget,
+    check_key,
+    from_call,
+    number_text,
+    resolve,
+)
+from .overrides import RateOverride, check_override, override_from_reply
+
+__all__ = ["OnUnavailable", "RateLimiter"]
+
+#: What a decision does when no Redis answers.
+OnUnavailable = Literal["raise", "allow"]
+
+_HIT = load("ratelimit_hit")
+_SET_OVERRIDE = load("ratelimit_override")
+_MAX_MARGIN = 60.0
+_SCAN_COUNT = 1000
+
+
+class RateLimiter:
+    """Rate limits shared by every process that uses the same Redis.
+
+    Args:
+        client_or_url: where the counters live: a ``redis://``, ``rediss://``
+            or ``unix://`` URL, or a ``redis.Redis`` client (its settings are
+            copied; its own pool is left alone).
+        key_prefix: prepended to every key the limiter writes.
+        algorithm: ``"sliding"`` (default), ``"gcra"`` or ``"fixed"``: the
+            algorithm of limits that name none (see :mod:`celery_redlock.ratelimit`).
+        node_timeout: longest wait for one Redis per decision, seconds.
+            Longer than a lock's by default: a decision has no validity window
+            to protect, so waiting only delays, while a short timeout would
+            turn a merely busy server into errors.
+        margin: seconds added to every window of ``sliding`` and ``gcra``
+            limits (not ``fixed``). A caller that compares the times its
+            admitted work *starts* (a task's first line, a few milliseconds
+            after the decision) sees the limit kept as long as those delays
+            differ by less than ``margin``; the rate becomes
+            ``limit / (period + margin)``.
+        fallback: a second Redis (URL or client) that decides while the first
+            does not answer. Its counts are its own: limits start again there
+            from what it holds, and start again on the first when it answers.
+        on_unavailable: what a decision does when no Redis answers:
+            ``"raise"`` :class:`~celery_redlock.errors.RateLimiterUnavailable`
+            (default, fail closed), or ``"allow"`` the hit, counted nowhere,
+            with ``decision.checked`` false (fail open).
+        retry_interval: seconds a Redis that timed out is left alone before
+            it is asked again (one that refuses connections is asked every time).
+
+    The first failure of a Redis and its recovery are each logged once, on
+    the ``celery_redlock.ratelimit`` logger; :meth:`status` tells the same.
+
+    Example::
+
+        limiter = RateLimiter("redis://localhost:6379/0")
+        decision = limiter.hit("api:acme", "100/m")
+        decision = limiter.hit([("api:acme", "10/s"), ("global", "50000/d")], cost=3)
+        if not decision.allowed:
+            raise errors.RateLimited("api:acme is over its limit", key="api:acme",
+                                     retry_after=decision.retry_after)
+
+    Safe to share between threads, and across ``fork()``: a child process
+    opens connections of its own.
+    """
+
+    def __init__(
+        self,
+        client_or_url: str | redis.Redis,
+        *,
+        key_prefix: str = RATE_PREFIX,
+        algorithm: Algorithm = DEFAULT_ALGORITHM,
+        node_timeout: float = 0.5,
+        margin: float = 0.0,
+        fallback: str | redis.Redis | None = None,
+        on_unavailable: OnUnavailable = "raise",
+        retry_interval: float = 1.0,
+    ) -> None:
+        self.node_timeout = seconds(
+            node_timeout, "node_timeout", minimum=MIN_NODE_TIMEOUT, maximum=MAX_NODE_TIMEOUT
+        )
+        self.key_prefix = _check_prefix(key_prefix)
+        self.algorithm: Algorithm = check_algorithm(algorithm)
+        self.margin = seconds(margin, "margin", allow_zero=True, maximum=_MAX_MARGIN)
+        if on_unavailable not in ("raise", "allow"):
+            raise ConfigurationError(
+                f"on_unavailable: expected 'raise' or 'allow', got {on_unavailable!r}",
+                option="on_unavailable",
+            )
+        self.on_unavailable: OnUnavailable = on_unavailable
+        self.retry_interval = seconds(
+            retry_interval, "retry_interval", minimum=0.001, maximum=3600.0
+        )
+        nodes = [_make_node(client_or_url, self.node_timeout, "client_or_url")]
+        if fallback is not None:
+            nodes.append(_make_node(fallback, self.node_timeout, "fallback"))
+            if nodes[1].name == nodes[0].name:
+                raise ConfigurationError(
+                    f"fallback: {nodes[1].name} is the primary Redis itself; name another "
+                    "server, or leave fallback unset",
+                    option="fallback",
+                )
+        when_down = (
+            "hits are admitted unchecked (on_unavailable='allow')"
+            if on_unavailable == "allow"
+            else "decisions raise RateLimiterUnavailable"
+        )
+        self._routes = Routes(nodes, self.retry_interval, self.node_timeout, when_down)
+        self._keys = RateKeys(key_prefix)
+        self._margin_us = number_text(micros(self.margin))
+
+    def __repr__(self) -> str:
+        where = ", ".join(node.name for node in self._routes.nodes)
+        return f"RateLimiter({where}, algorithm={self.algorithm!r})"
+
+    # -- decisions ---------------------------------------------------------------
+
+    def hit(
+        self,
+        key: str | LimitLike | Sequence[LimitLike],
+        limit: RateSpec | None = None,
+        period: float | None = None,
+        cost: int = 1,
+        algorithm: Algorithm | None = None,
+    ) -> RateLimitDecision:
+        """Count a hit of ``cost`` units if every limit named admits it.
+
+        One atomic script call, one round trip, whatever the number of limits,
+        the cost or the limit: a refused hit changes nothing in any limit, an
+        admitted one is counted in all of them.
+
+        Args:
+            key: a limit's key (then ``limit`` and ``period`` say the rate), a
+                :class:`~celery_redlock.ratelimit.Limit`, or a list of limits
+                and ``(key, rate[, algorithm])`` tuples, all of which must admit
+                the hit (at most 16, each key once).
+            limit: with a single key: units per ``period`` (fractions allowed),
+                or, without ``period``, a rate such as ``"100/m"`` or a callable
+                ``rate(key)`` evaluated now.
+            period: the window, seconds (1 ms to 366 days), with a numeric ``limit``.
+            cost: units this hit takes, a whole number from 1 to the smallest limit.
+            algorithm: for limits that name none; else the limiter's. Each
+                algorithm keeps its own state, so use one per key.
+
+        Raises:
+            ConfigurationError: a bad argument (also a ``ValueError``).
+            RateLimiterUnavailable: no Redis decided (unless ``on_unavailable="allow"``).
+
+        Example::
+
+            limiter.hit("api:acme", limit=100, period=60.0)
+            limiter.hit("api:acme", "100/m")
+            limiter.hit([("api:acme", "10/s"), ("global", "50000/d")], cost=3)
+        """
+        return self._decide(key, limit, period, cost, algorithm, consume=True)
+
+    def peek(
+        self,
+        key: str | LimitLike | Sequence[LimitLike],
+        limit: RateSpec | None = None,
+        period: float | None = None,
+        cost: int = 1,
+        algorithm: Algorithm | None = None,
+    ) -> RateLimitDecision:
+        """The decision :meth:`hit` would make now, without counting anything.
+
+        Example::
+
+            if limiter.peek("api:acme", "100/m").remaining < 10:
+                log.warning("acme is close to its API limit")
+        """
+        return self._decide(key, limit, period, cost, algorithm, consume=False)
+
+    # -- administration ------------------------------------------------------------
+
+    def reset(self, key: str, *, budget: str | None = None) -> None:
+        """Forget the state of ``key`` under every algorithm: its full limit is available.
+
+        Done on every Redis of the limiter (primary and fallback); an override
+        stays (see :meth:`clear_override`). With ``budget``, that budget of
+        the limit is reset instead of the limit's own.
+
+        Example::
+
+            limiter.reset("api:acme")
+        """
+        check_key(key)
+        if budget is not None:
+            check_budget(budget)
+        names = [self._keys.state(key, name, budget) for name in ALGORITHMS]
+        names += [self._keys.pace(key, name, budget) for name in ALGORITHMS if name != "gcra"]
+        self._everywhere(Command(("UNLINK", *names)), key)
+
+    def set_override(self, key: str, rate: Any, *, ttl: float) -> RateOverride:
+        """Make ``rate`` the limit of ``key`` for ``ttl`` seconds, in every process at once.
+
+        Every decision on ``key`` reads the override in its own script call,
+        so workers need no restart. It is written to every Redis of the
+        limiter and expires after ``ttl`` (at most 366 days; set it again to
+        keep it). Its period must be whole milliseconds and it may allow at
+        most 10,000 units per second, so that every algorithm can use it.
+
+        Example::
+
+            limiter.set_override("api:acme", "200/m", ttl=7 * 86400)
+        """
+        check_key(key)
+        parsed, text, ttl_ms = check_override(rate, ttl)
+        call = Call(
+            _SET_OVERRIDE,
+            (self._keys.override(key),),
+            (number_text(parsed.limit), number_text(micros(parsed.period)), text, ttl_ms),
+        )
+        self._everywhere(call, key)
+        return RateOverride(key=key, rate=parsed, text=text, ttl=ttl_ms / 1000)
+
+    def clear_override(self, key: str) -> bool:
+        """Remove the override of ``key`` everywhere; true if there was one.
+
+        Example::
+
+            limiter.clear_override("api:acme")
+        """
+        check_key(key)
+        replies = self._everywhere(Command(("DEL", self._keys.override(key))), key)
+        return any(reply == 1 for reply in replies)
+
+    def get_override(self, key: str) -> RateOverride | None:
+        """The override in force for ``key``, or ``None``.
+
+        Read from the Redis that decides now (the primary unless it is down).
+        """
+        check_key(key)
+        name = self._keys.override(key)
+        fields, pttl = self._read(
+            (Command(("HMGET", name, "limit", "period_us", "text")), Command(("PTTL", name))), key
+        )
+        return override_from_reply(key, fields, pttl)
+
+    def overrides(self) -> list[RateOverride]:
+        """Every override in force, sorted by key (for ``check`` and admin tools).
+
+        Read from the Redis that decides now, with ``SCAN`` (it does not block the server).
+        """
+        found: list[str] = []
+        cursor = 0
+        pattern = self._keys.override_pattern()
+        while True:
+            (reply,) = self._read(
+                (Command(("SCAN", cursor, "MATCH", pattern, "COUNT", _SCAN_COUNT)),), "*"
+            )
+            cursor, names = int(reply[0]), reply[1]
+            for raw in names:
+                key = self._keys.override_key_name(raw.decode("utf-8", "replace"))
+                if key is not None:
+                    found.append(key)
+            if cursor == 0:
+                break
+        result = []
+        for key in sorted(set(found)):
+            override = self.get_override(key)
+            if override is not None:
+                result.append(override)
+        return result
+
+    def status(self) -> list[NodeStatus]:
+        """Each Redis of the limiter and whether it answers, as this process last found it."""
+        return self._routes.status()
+
+    def state_key(
+        self, key: str, algorithm: Algorithm | None = None, *, budget: str | None = None
+    ) -> str:
+        """The Redis key holding the state of ``key`` under ``algorithm``.
+
+        ``<key_prefix>{<key>}:<algorithm>`` (``<key_prefix>{<key>}:<budget>:<algorithm>``
+        for a budget), for inspecting a limit with ``redis-cli``. Example:
+        ``limiter.state_key("api:acme")`` is ``"redlock:rate:{api:acme}:sliding"``.
+        """
+        name = self.algorithm if algorithm is None else check_algorithm(algorithm)
+        return self._keys.state(key, name, None if budget is None else check_budget(budget))
+
+    def close(self) -> None:
+        """Close the limiter's connections (they reopen if it is used again)."""
+        for node in self._routes.nodes:
+            node.close()
+
+    def __enter__(self) -> RateLimiter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- internals -----------------------------------------------------------------
+
+    def _decide(
+        self,
+        key: Any,
+        limit: Any,
+        period: Any,
+        cost: Any,
+        algorithm: Algorithm | None,
+        *,
+        consume: bool,
+    ) -> RateLimitDecision:
+        limits = from_call(key, limit, period, algorithm)
+        resolved = resolve(limits, positive_int(cost, "cost"), self.algorithm)
+        call = self._call(resolved, cost, consume)
+        failures: list[tuple[str, BaseException]] = []
+        for route in self._routes.candidates():
+            began = _clock.monotonic()
+            (result,) = fan_out((route.node,), ((call,),), self.node_timeout)
+            failure: BaseException
+            if isinstance(result, NodeFailure):
+                failure = result
+            elif isinstance(result[0], ResponseError):
+                failure = result[0]
+            else:
+                self._routes.succeeded(route)
+                return from_reply(result[0], resolved, route.node.name)
+            self._routes.failed(route, failure, _clock.monotonic() - began)
+            failures.append((route.node.name, failure))
+        if self.on_unavailable == "allow":
+            return unchecked(resolved)
+        raise self._unavailable([limit.key for limit in resolved], failures)
+
+    def _call(self, resolved: Sequence[Resolved], cost: int, consume: bool) -> Call:
+        keys: list[str] = []
+        args: list[str | int] = [cost, 1 if consume else 0, self._margin_us]
+        layout = self._keys
+        for limit in resolved:
+            keys += (
+                layout.state(limit.key, limit.algorithm, limit.budget),
+                layout.pace(limit.key, limit.algorithm, limit.budget),
+                layout.override(limit.key),
+            )
+            args += limit.script_args()
+        return Call(_HIT, tuple(keys), tuple(args))
+
+    def _everywhere(self, call: Call | Command, key: str) -> list[Any]:
+        """Run ``call`` on every node; raise if any made no answer, after the rest did."""
+        nodes = self._routes.nodes
+        results = fan_out(nodes, [(call,)] * len(nodes), self.node_timeout)
+        failures: list[tuple[str, BaseException]] = []
+        replies = []
+        for node, result in zip(nodes, results, strict=True):
+            if isinstance(result, NodeFailure):
+                failures.append((node.name, result))
+            elif isinstance(result[0], ResponseError):
+                failures.append((node.name, result[0]))
+            else:
+                replies.append(result[0])
+        if failures:
+            raise self._unavailable([key], failures, done=len(replies))
+        return replies
+
+    def _read(self, commands: tuple[Call | Command, ...], key: str) -> list[Any]:
+        """Run read-only ``commands`` on the node that decides now (not failing open)."""
+        failures: list[tuple[str, BaseException]] = []
+        for route in self._routes.candidates():
+            began = _clock.monotonic()
+            (result,) = fan_out((route.node,), (commands,), self.node_timeout)
+            if isinstance(result, NodeFailure):
+                self._routes.failed(route, result, _clock.monotonic() - began)
+                failures.append((route.node.name, result))
+                continue
+            for reply in result:
+                if isinstance(reply, ResponseError):
+                    raise self._unavailable([key], [(route.node.name, reply)]) from reply
+            self._routes.succeeded(route)
+            return list(result)
+        raise self._unavailable([key], failures)
+
+    def _unavailable(
+        self, keys: Sequence[str], failures: Sequence[tuple[str, BaseException]], done: int = 0
+    ) -> RateLimiterUnavailable:
+        shown = ", ".join(map(repr, keys))
+        if failures:
+            details = "; ".join(
+                f"Redis at {name}: {str(error).removeprefix(f'{name}: ')}"
+                for name, error in failures
+            )
+            node = failures[0][0]
+        else:
+            down = [status for status in self._routes.status() if not status.answering]
+            details = "; ".join(
+                f"Redis at {status.node} timed out {status.down_for or 0.0:.1f} s ago "
+                f"({status.error}) and is asked again within {self.retry_interval:g} s"
+                for status in down
+            )
+            node = down[0].node if down else ""
+        also = f" (done on the {done} other node(s))" if done else ""
+        error = RateLimiterUnavailable(
+            f"rate limiter: no decision for key(s) {shown}{also}: {details}; check that the "
+            "server is up and reachable, or raise node_timeout if it is only slow",
+            key=keys[0] if keys else "",
+            node=node,
+        )
+        if failures:
+            error.__cause__ = failures[-1][1]
+        return error
+
+
+def _make_node(client_or_url: Any, timeout: float, option: str) -> Node:
+    if isinstance(client_or_url, redis.Redis):
+        return Node.from_client(client_or_url, timeout)
+    try:
+        return Node.from_url(client_or_url, timeout)
+    except ConfigurationError as exc:
+        message = str(exc).removeprefix("nodes: ")
+        raise ConfigurationError(f"{option}: {message}", option=option) from None
+
+
+def _check_prefix(prefix: Any) -> str:
+    if not isinstance(prefix, str):
+        raise ConfigurationError(
+            f"key_prefix: expected a string, got {prefix!r}", option="key_prefix"
+        )
+    if prefix:
+        check_key(prefix, "key_prefix")
+    return prefix

@@ -1,0 +1,312 @@
+"""One run of a LockedTask in the process that executes it.
+
+A :class:`TaskRun` carries what the run needs -- the task, its request, its
+resolved policy, the call's arguments and the locks it holds -- the way
+Celery's own ``Request`` carries a delivery. It goes through, in order: the
+twin check, the debounce check (:mod:`.debounce`), a look at the global
+rate limit (so a limited run is re-queued before it touches a lock), the
+singleton lock (taken over from the publisher; in ``"queued"`` mode see
+:mod:`.followup`), the run lock, a slot of the concurrency limit
+(:mod:`.concurrency`), and the rate limit's count (so only a run that starts
+spends a unit: see :mod:`.rategate`); then the task body; then it releases
+what it holds, on every way out: return, exception,
+``self.retry()`` (before the retry is published), ``Ignore``, ``Reject``,
+soft time limit.
+
+A message delivered again while a copy with the same task id still runs (a
+Redis broker's ``visibility_timeout``, ``acks_late`` after a lost worker) is
+never run beside it and never overwrites its result: it is put back on the
+queue for when the lock's ttl has run out. A copy that comes after its twin
+ended is dropped (:mod:`.copies`), and so is a duplicate singleton in a
+canvas once the copy that ran has ended, with that copy's result.
+
+The ways a run ends without running its body (busy lock or full limit,
+duplicate, twin, finished copy, unreachable nodes) are in :mod:`.setbacks`.
+
+One task instance serves every pool thread of a process, so nothing here is
+stored on the task: a run lives in its own object, found by the task's
+properties through a per-thread stack (:meth:`TaskRun.current`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from celery.exceptions import Ignore, Reject, Retry
+
+from . import _clock, debounce, followup, signals
+from ._layout import QUEUED, LockValue
+from .concurrency import SlotGate
+from .config import redlock_for
+from .copies import (
+    DONE_TTL_FACTOR,
+    WINNER_HEADER,
+    in_canvas,
+    leaves_mark,
+    look_at_winner,
+    mark_done,
+    redelivered,
+    stand_in,
+)
+from .errors import QuorumUnavailable
+from .heartbeat import HeldLock, heartbeat
+from .policies import LockPolicy, TaskPolicy
+from .rategate import RateGate
+from .semaphore import Semaphore
+from .setbacks import BUSY_BACKOFF_MAX, BUSY_HEADER, TWIN_HEADER, RunSetbacks, busy_countdown
+from .singleton import queued_marker, task_id_of
+
+__all__ = ["BUSY_BACKOFF_MAX", "BUSY_HEADER", "TWIN_HEADER", "TaskRun", "busy_countdown"]
+
+logger = logging.getLogger("celery_redlock.task")
+
+
+class _Runs(threading.local):
+    """The runs in progress on this thread (or greenlet), innermost last.
+
+    Not on the request: Celery copies unknown request attributes into the
+    message headers of a retry, and a lock is no message header.
+    """
+
+    def __init__(self) -> None:
+        self.stack: list[TaskRun] = []
+
+
+_runs = _Runs()
+
+
+class TaskRun(RunSetbacks):
+    """One run of a task under its policy: rate limit, singleton, run lock.
+
+    Example (what ``LockedTask.__call__`` does)::
+
+        return TaskRun(task, policy, args, kwargs).run(call)
+    """
+
+    def __init__(self, task: Any, policy: TaskPolicy, args: Any, kwargs: Any) -> None:
+        self.task = task
+        self.request = task.request
+        self.policy = policy
+        self.args = args
+        self.kwargs = kwargs
+        #: The locks held, in the order taken: singleton, run lock, then the
+        #: concurrency slot (a :class:`Semaphore` slot, renewed like a lock).
+        self.held: list[HeldLock] = []
+        self.task_id: str = self.request.id or f"direct-{os.urandom(8).hex()}"
+
+    @classmethod
+    def current(cls, task: Any) -> TaskRun | None:
+        """The innermost run of ``task`` in progress on this thread, if any."""
+        for run in reversed(_runs.stack):
+            if run.task.name == task.name:
+                return run
+        return None
+
+    @property
+    def exposed(self) -> HeldLock | None:
+        """The lock the task exposes as ``self.lock``: the run lock, else the singleton."""
+        return next((held for held in reversed(self.held) if not _is_slot(held)), None)
+
+    @property
+    def slot(self) -> HeldLock | None:
+        """The concurrency slot the run holds, if any."""
+        return next((held for held in self.held if _is_slot(held)), None)
+
+    def run(self, call: Callable[..., Any]) -> Any:
+        """Call ``call(*args, **kwargs)`` inside the rate limit and the locks."""
+        policy = self.policy
+        request = self.request
+        winner = policy.singleton is not None and self._header_text(WINNER_HEADER)
+        if winner and not request.called_directly:
+            ended, value = look_at_winner(
+                self.task, request, policy, self.args, self.kwargs, winner
+            )
+            if ended:
+                return value
+        # Maybe a copy of a run that ended already (which left a mark if so):
+        # delivered again, re-queued behind its twin, held for an eta (its
+        # copies may come due first), or a singleton. Eager runs have no copies.
+        delivered = not (request.is_eager or request.called_directly)
+        copy = delivered and bool(redelivered(request) or self._header(TWIN_HEADER))
+        check = copy or (delivered and (policy.singleton is not None or bool(request.eta)))
+        if policy.debounce is not None:
+            debounce.admit(self)  # a superseded copy ends here, an early one is re-queued
+        gate = None
+        if policy.rate is not None:
+            gate = RateGate(self.task, policy.rate, self.args, self.kwargs)
+            holds = (policy.singleton, policy.lock, policy.concurrency)
+            if any(part is not None for part in holds):
+                gate.screen(self.request, self.requeue_uncounted)
+        _runs.stack.append(self)
+        requeued = started = False
+        try:
+            if policy.singleton is not None:
+                name = policy.singleton.name(self.task.name, self.args, self.kwargs)
+                if policy.singleton.mode == "queued":
+                    self.held.append(followup.take_running(self, name))
+                else:
+                    self.held.append(self.take(name, replaces=queued_marker(self.task_id)))
+            if policy.lock is not None:
+                name = policy.lock.key.render(self.args, self.kwargs)
+                self.held.append(self.take(name, lock_policy=policy.lock))
+            if check:
+                self.drop_if_finished(backend=copy)
+            if policy.concurrency is not None:
+                # After the locks: a run that waits for a lock holds no slot
+                # others could use meanwhile (nor does a copy dropped above).
+                self.held.append(SlotGate(self, policy.concurrency).take())
+            if gate is not None:
+                # Last, so that a run re-queued for a busy lock spends no unit.
+                gate.admit(self.request, self.requeue_uncounted)
+            started = True
+            return call(*self.args, **self.kwargs)
+        except (Retry, Ignore, Reject) as exc:
+            # Not an end of the task a later copy must respect.
+            started = False
+            requeued = isinstance(exc, Retry)
+            raise
+        finally:
+            _runs.stack.remove(self)
+            if started and delivered and self.held and (copy or leaves_mark(self.task, request)):
+                # Before the locks go: a copy that takes them next sees it.
+                self.mark_done()
+            self.release_all(requeued=requeued)
+
+    # -- the locks ---------------------------------------------------------------
+
+    def take(
+        self,
+        key: str,
+        *,
+        lock_policy: LockPolicy | None = None,
+        replaces: str | None = None,
+        busy: Callable[[str, str | None], NoReturn] | None = None,
+    ) -> HeldLock:
+        """Acquire one lock of the run and register it with the heartbeat.
+
+        ``lock_policy`` is given for the run lock (its timeout and busy
+        action); without it, this is the singleton lock: never waited for,
+        and a busy one means a duplicate, or ``busy(key, holder_id)`` decides.
+        """
+        task, task_id = self.task, self.task_id
+        redlock = redlock_for(task.app)
+        owner = LockValue.owner_text(task_id, self.worker())
+        lock = redlock.lock(key, ttl=self.ttl, owner=owner, replaces=replaces)
+        timeout = lock_policy.timeout if lock_policy is not None else 0.0
+        started = _clock.monotonic()
+        try:
+            acquired = lock.acquire(blocking=timeout > 0, timeout=timeout)
+        except QuorumUnavailable as exc:
+            self.requeue_unavailable(f"lock {key!r} not taken", exc)
+        waited = _clock.monotonic() - started
+        if not acquired:
+            holder_id = task_id_of(redlock.holder(key))
+            if holder_id == self.request.id and self.request.id:
+                self.requeue_behind_twin(key, lock)
+            if lock_policy is None:
+                if (
+                    busy is None
+                    and holder_id
+                    and in_canvas(self.request)
+                    and not self.request.called_directly
+                ):
+                    stand_in(task, self.request, self.policy, key, holder_id)
+                (busy or self.end_as_duplicate)(key, holder_id)
+            self.on_busy(lock_policy, key, waited)
+        held = heartbeat().hold(
+            lock,
+            task_id=task_id,
+            progress_timeout=self.policy.progress_timeout,
+            on_lost=self._send_lost,
+        )
+        singleton = self.policy.singleton
+        held.singleton_ttl = singleton.ttl if replaces and singleton is not None else None
+        signals.lock_acquired.send(
+            sender=task, task_id=task_id, key=key, waited=waited, fencing_token=lock.fencing_token
+        )
+        return held
+
+    def release_all(self, *, requeued: bool = False) -> None:
+        """Release every lock of the run, last taken first; safe to call twice."""
+        for held in reversed(self.held):
+            self.release(held, requeued=requeued)
+
+    def release(self, held: HeldLock, *, requeued: bool = False) -> None:
+        """Stop renewing and release one lock; safe to call twice.
+
+        With ``requeued``, a singleton lock goes back to the "queued" state
+        for the copy just re-queued (same task id) instead of being freed.
+        """
+        if held.released:
+            return
+        held.released = True
+        heartbeat().drop(held)
+        lock = held.lock
+        if requeued and held.singleton_ttl and held.task_id and lock.locked():
+            handback = lock.redlock.lock(
+                lock.name,
+                ttl=held.singleton_ttl,
+                owner=LockValue.owner_text(held.task_id, QUEUED),
+                replaces=LockValue.ending(lock.owner or ""),
+            )
+            try:
+                if handback.acquire(blocking=False):
+                    lock._forget()
+                    return
+            except QuorumUnavailable:
+                logger.warning("singleton %r could not be handed back to its retry", lock.name)
+        if not lock.release() and not held.lost:
+            # Gone before its release (deleted, taken over, expired between
+            # renewals): the run's work may have overlapped another holder's.
+            held.lost, held.lost_code = True, "lost_at_release"
+            held.lost_reason = f"found gone at release: {lock.lost_reason or 'expired'}"
+            self._send_lost(held, held.lost_reason)
+        released = signals.slot_released if isinstance(lock, Semaphore) else signals.lock_released
+        released.send(sender=self.task, task_id=held.task_id, key=lock.name, held=held.held_for)
+
+    def send_lost(self, held: HeldLock, reason: str) -> None:
+        """Tell ``signals.lock_lost`` that one of the run's locks or its slot was lost."""
+        self._send_lost(held, reason)
+
+    def worker(self) -> str:
+        """``hostname:pid`` of the process running the task."""
+        hostname = getattr(self.request, "hostname", None) or socket.gethostname()
+        return f"{hostname}:{os.getpid()}"
+
+    def mark_done(self) -> None:
+        """Leave the mark that tells a later copy of this task id that it ended."""
+        try:
+            mark_done(redlock_for(self.task.app), self.task_id, self.ttl * DONE_TTL_FACTOR)
+        except Exception as exc:  # the result backend still tells, where there is one
+            logger.warning("task %s: done mark not written: %s", self.task_id, exc)
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _header(self, name: str) -> bool:
+        headers = self.request.headers or {}
+        return bool(headers.get(name) or getattr(self.request, name, None))
+
+    def _header_text(self, name: str) -> str | None:
+        headers = self.request.headers or {}
+        value = headers.get(name) or getattr(self.request, name, None)
+        return value if isinstance(value, str) and value else None
+
+    def _send_lost(self, held: HeldLock, reason: str) -> None:
+        signals.lock_lost.send(
+            sender=self.task,
+            task_id=held.task_id,
+            key=held.lock.name,
+            held=held.held_for,
+            reason=reason,
+            code=held.lost_code,
+        )
+
+
+def _is_slot(held: HeldLock) -> bool:
+    """Whether ``held`` is a concurrency slot rather than a lock."""
+    return isinstance(held.target(), Semaphore)

@@ -1,0 +1,396 @@
+-- Decide one hit (or peek) against one or more rate limits, atomically: the hit
+-- is counted in every limit only if every limit admits it, so no limit spends a
+-- unit when another refuses. Times come from the server's TIME, in microseconds.
+--
+-- Key layout: celery_redlock/_layout.py (RateKeys). Three keys per limit i,
+-- for n limits (1 <= n <= 16):
+-- KEYS[3i-2]  the limit's state under its algorithm:
+--               gcra     a string "B O": the theoretical arrival time is B + O
+--                        microseconds (B whole, O the part after it, so that
+--                        fractional intervals keep their precision)
+--               sliding  a sorted set, one member per bucket of admitted units:
+--                        score = the bucket's end (microseconds), member = the
+--                        units admitted up to and including that bucket
+--               fixed    a string: the units admitted in the current window
+-- KEYS[3i-1]  the pace of a fixed or sliding limit whose count is not whole
+--             ("2.5/s"): a string "B O" as for gcra
+-- KEYS[3i]    the limit's override, a hash {limit, period_us, text} that an
+--             operator set at run time (ratelimit_override.lua); only read here
+--
+-- ARGV[1]  cost: units this hit takes, a whole number >= 1
+-- ARGV[2]  consume: 1 counts an admitted hit, 0 only looks (peek)
+-- ARGV[3]  margin_us: microseconds added to every gcra and sliding window
+-- ARGV[3 + 3i - 2]  algorithm of limit i: "gcra", "sliding" or "fixed"
+-- ARGV[3 + 3i - 1]  limit: units per period, > 0 (fractional allowed)
+-- ARGV[3 + 3i]      period_us: the period in microseconds (fractional allowed)
+--
+-- Returns one array per limit:
+--   {allowed, remaining, retry_after_us, reset_after_us[, limit, period_us]}
+--   allowed         1 if this limit admits the hit, else 0 (the hit is counted
+--                   only if every limit admits it)
+--   remaining       units the limit still has room for after this call
+--   retry_after_us  0 if allowed, else microseconds until this limit admits it
+--   reset_after_us  microseconds until the limit holds no state
+--   limit, period_us  present only when an override replaced the given limit
+--                   and period: the override's values, as text
+--
+-- Every argument and every override is checked before anything is written;
+-- a bad one is an error reply and nothing changes. Every key written gets a
+-- ttl. Work is O(1) per gcra or fixed limit and O(log n) per sliding limit,
+-- n being the members of its log (at most one per bucket: 1,001 in the window,
+-- plus a tail trimmed by at most 16 per admitted hit); the retry_after of a refused
+-- sliding hit takes a binary search, O(log^2 n).
+
+local MAX_LIMITS = 16
+local MAX_LIMIT = 1000000000
+local MIN_PERIOD_US = 1000
+local MAX_PERIOD_US = 366 * 86400 * 1000000
+local MAX_UNITS_PER_US = 1            -- 1,000,000 units per second
+local MIN_GCRA_INTERVAL_US = 100
+local MIN_PACE_INTERVAL_US = 1
+local MAX_MARGIN_US = 60 * 1000000
+local BUCKETS = 1000
+local TRIM_PER_CALL = 16
+-- Float noise allowed when comparing sums of intervals, microseconds.
+local EPSILON_US = 1e-6
+
+-- Globals read once: a local is cheaper than a global lookup on every use.
+local call, tonumber, ceil, floor, max, min, huge, format =
+    redis.call, tonumber, math.ceil, math.floor, math.max, math.min, math.huge, string.format
+
+local function finite(x)
+    return x ~= nil and x == x and x ~= huge and x ~= -huge
+end
+
+local function whole(x)
+    return x == floor(x)
+end
+
+-- Numbers go to redis.call as text formatted here: Lua's own conversion keeps
+-- only 14 digits, too few for microsecond timestamps.
+local function int_text(x)
+    return format('%.0f', x)
+end
+
+local function num_text(x)
+    return format('%.17g', x)
+end
+
+-- Why (limit, period_us) cannot be used with `algorithm`, or nil.
+local function bad_rate(algorithm, limit, period_us)
+    if not finite(limit) or limit <= 0 or ceil(limit) > MAX_LIMIT then
+        return 'limit out of range'
+    end
+    if not finite(period_us) or period_us < MIN_PERIOD_US or period_us > MAX_PERIOD_US then
+        return 'period out of range'
+    end
+    if limit / period_us > MAX_UNITS_PER_US then
+        return 'more than 1000000 units per second'
+    end
+    local interval = period_us / limit
+    if interval > MAX_PERIOD_US then
+        return 'less than one unit per 366 days'
+    end
+    if algorithm == 'gcra' then
+        if interval < MIN_GCRA_INTERVAL_US then
+            return 'gcra needs at least 100 microseconds per unit'
+        end
+    elseif algorithm == 'sliding' or algorithm == 'fixed' then
+        if not whole(limit) and interval < MIN_PACE_INTERVAL_US then
+            return 'a fractional limit needs at least 1 microsecond per unit'
+        end
+        if algorithm == 'fixed' and period_us % 1000 ~= 0 then
+            return 'fixed windows are whole milliseconds'
+        end
+    else
+        return 'unknown algorithm'
+    end
+    return nil
+end
+
+-- "B O" -> time from now to B + O in microseconds, or nil when absent or unreadable.
+local function ahead_of(key, now)
+    local value = call('GET', key)
+    if not value then
+        return nil
+    end
+    local b, o = string.match(value, '^(%d+) (%S+)$')
+    b, o = tonumber(b), tonumber(o)
+    if not finite(b) or not finite(o) or o < 0 then
+        return nil
+    end
+    return (b - now) + o
+end
+
+-- Milliseconds for PEXPIRE to keep a key `us` microseconds: rounded up, plus
+-- one, since Redis may count the ttl from the start of the current millisecond.
+local function keep_ms(us)
+    return ceil(us / 1000) + 1
+end
+
+-- Store a time `ahead` microseconds from now, kept for `keep` microseconds.
+local function store_ahead(key, now, ahead, keep)
+    call('SET', key, int_text(now) .. ' ' .. num_text(ahead), 'PX', keep_ms(keep))
+end
+
+local function fail(message)
+    return redis.error_reply('ERR celery_redlock ratelimit: ' .. message)
+end
+
+-- 1. Check every argument.
+local cost = tonumber(ARGV[1])
+local consume = ARGV[2]
+local margin = tonumber(ARGV[3])
+local n = #KEYS / 3
+if not finite(cost) or cost < 1 or cost > MAX_LIMIT or not whole(cost) then
+    return fail('cost must be a whole number from 1 to ' .. MAX_LIMIT)
+end
+if consume ~= '0' and consume ~= '1' then
+    return fail('consume must be 0 or 1')
+end
+if not finite(margin) or margin < 0 or margin > MAX_MARGIN_US then
+    return fail('margin_us out of range')
+end
+if n < 1 or n > MAX_LIMITS or not whole(n) or #ARGV ~= 3 + 3 * n then
+    return fail('expected 3 keys and 3 arguments per limit, for 1 to ' .. MAX_LIMITS .. ' limits')
+end
+local seen = {}
+for i = 1, 3 * n do
+    if seen[KEYS[i]] then
+        return fail('key ' .. KEYS[i] .. ' is given twice')
+    end
+    seen[KEYS[i]] = true
+end
+
+local limits = {}
+for i = 1, n do
+    local algorithm = ARGV[3 + 3 * i - 2]
+    local limit = tonumber(ARGV[3 + 3 * i - 1])
+    local period_us = tonumber(ARGV[3 + 3 * i])
+    local why = bad_rate(algorithm, limit, period_us)
+    if why then
+        return fail('limit ' .. i .. ' (' .. KEYS[3 * i - 2] .. '): ' .. why)
+    end
+    if cost > ceil(limit) then
+        return fail('limit ' .. i .. ' (' .. KEYS[3 * i - 2] .. '): cost is more than the limit')
+    end
+    limits[i] = {
+        algorithm = algorithm, limit = limit, period_us = period_us,
+        state = KEYS[3 * i - 2], pace = KEYS[3 * i - 1], override = KEYS[3 * i],
+        overridden = 0,
+    }
+end
+
+-- 2. Overrides replace the given limit and period; a bad one is an error.
+for _, l in ipairs(limits) do
+    local set = call('HMGET', l.override, 'limit', 'period_us')
+    if set[1] or set[2] then
+        local limit, period_us = tonumber(set[1]), tonumber(set[2])
+        local why = bad_rate(l.algorithm, limit, period_us)
+        if why then
+            return fail('the override in ' .. l.override .. ' cannot be used (' .. why ..
+                '); set it again or clear it')
+        end
+        l.limit, l.period_us, l.overridden = limit, period_us, 1
+    end
+end
+
+local time = call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+
+-- 3. Evaluate every limit, reading only.
+local function evaluate_pace(l, window)
+    -- A token bucket of ceil(limit) units refilled at limit per window: the
+    -- long-run average of a fractional limit.
+    local interval = window / l.limit
+    local burst = ceil(l.limit) * interval
+    local ahead = ahead_of(l.pace, now)
+    local start = max(ahead or 0, 0)
+    local after = start + cost * interval
+    local ok = after <= burst + EPSILON_US
+    l.pace_ahead, l.pace_after = ahead, after
+    l.pace_ok = ok
+    l.pace_retry = ok and 0 or (after - burst)
+    l.pace_reset = start
+    l.pace_room = floor((burst - start) / interval + EPSILON_US)
+    l.pace_interval = interval
+end
+
+local function evaluate(l)
+    local window_limit = ceil(l.limit)
+    if l.algorithm == 'gcra' then
+        local window = l.period_us + margin
+        local interval = window / l.limit
+        local ahead = ahead_of(l.state, now)
+        l.interval, l.window = interval, window
+        -- A hit of cost c is admitted c - 1 slots after the theoretical
+        -- arrival time: the units before it then leave room for its c units
+        -- in every window of one period that holds it.
+        local wait = (ahead or -huge) + (cost - 1) * interval
+        l.ok = wait <= EPSILON_US
+        l.retry = l.ok and 0 or wait
+        -- The state matters until a hit of the largest cost needs no wait.
+        l.reset = ahead and max(ahead + (window_limit - 1) * interval, 0) or 0
+        -- The units still ahead of now take the first slots of the window.
+        l.room = window_limit - ceil(max(ahead or 0, 0) / interval - EPSILON_US)
+    elseif l.algorithm == 'sliding' then
+        local window = l.period_us + margin
+        l.window = window
+        local newest = call('ZRANGE', l.state, -1, -1, 'WITHSCORES')
+        local total, newest_end = 0, nil
+        local used = 0
+        if newest[1] then
+            total, newest_end = tonumber(newest[1]), tonumber(newest[2])
+            local base = call('ZREVRANGEBYSCORE', l.state, num_text(now - window), '-inf', 'LIMIT', 0, 1)
+            used = total - (tonumber(base[1]) or 0)
+        end
+        l.total, l.newest_member, l.newest_end = total, newest[1], newest_end
+        l.ok = used + cost <= window_limit
+        l.used = used
+        l.reset = (used > 0) and (newest_end + window - now) or 0
+        l.room = window_limit - used
+        l.retry = 0
+        if not l.ok and cost <= window_limit then
+            -- The hit fits once the buckets up to the one where the running
+            -- total reaches `target` have left the window: the first such
+            -- bucket, by binary search over ranks (running totals grow with rank).
+            local target = total + cost - window_limit
+            -- Most often the oldest bucket in the window is enough (always for cost 1).
+            local leaving = call('ZRANGEBYSCORE', l.state, '(' .. num_text(now - window), '+inf',
+                'WITHSCORES', 'LIMIT', 0, 1)
+            if tonumber(leaving[1]) < target then
+                local lo, hi = 0, call('ZCARD', l.state) - 1
+                while lo < hi do
+                    local mid = floor((lo + hi) / 2)
+                    if tonumber(call('ZRANGE', l.state, mid, mid)[1]) >= target then
+                        hi = mid
+                    else
+                        lo = mid + 1
+                    end
+                end
+                leaving = call('ZRANGE', l.state, lo, lo, 'WITHSCORES')
+            end
+            l.retry = tonumber(leaving[2]) + window - now
+        end
+    else -- fixed
+        local value = call('GET', l.state)
+        local count = 0
+        if value then
+            count = tonumber(value)
+            if not finite(count) or count < 0 or not whole(count) then
+                return 'the state in ' .. l.state .. ' is not a counter; reset the limit'
+            end
+        end
+        local ttl_us = 0
+        if count > 0 then
+            local ttl = call('PTTL', l.state)
+            ttl_us = (ttl > 0) and ttl * 1000 or 0
+            if ttl == -1 then
+                -- a counter without a ttl would never reset: its window starts over
+                l.no_ttl = true
+                ttl_us = l.period_us
+            end
+        end
+        l.count = count
+        l.ok = count + cost <= window_limit
+        l.retry = l.ok and 0 or ttl_us
+        l.reset = ttl_us
+        l.room = window_limit - count
+    end
+    if l.algorithm ~= 'gcra' and not whole(l.limit) then
+        evaluate_pace(l, l.window or l.period_us)
+        if not l.pace_ok then
+            l.ok = false
+        end
+        l.retry = max(l.ok and 0 or l.retry, l.pace_retry)
+        l.reset = max(l.reset, l.pace_reset)
+        l.room = min(l.room, l.pace_room)
+    end
+    if l.overridden == 1 and cost > window_limit then
+        -- Never admitted while the override lasts: retry once it lapses.
+        l.ok = false
+        l.retry = max(l.retry, max(call('PTTL', l.override), 0) * 1000)
+    end
+    return nil
+end
+
+local all_ok = true
+for _, l in ipairs(limits) do
+    local problem = evaluate(l)
+    if problem then
+        return fail(problem)
+    end
+    all_ok = all_ok and l.ok
+end
+
+-- 4. Count the hit everywhere, or nowhere.
+local commit = consume == '1' and all_ok
+for _, l in ipairs(limits) do
+    if commit then
+        if l.algorithm == 'gcra' then
+            l.reset = (cost + ceil(l.limit) - 1) * l.interval
+            store_ahead(l.state, now, cost * l.interval, l.reset)
+            l.room = ceil(l.limit) - cost
+        elseif l.algorithm == 'sliding' then
+            local width = max(1, floor(l.window / BUCKETS))
+            local bucket_end = (floor(now / width) + 1) * width
+            if l.newest_end and bucket_end <= l.newest_end then
+                -- The same bucket (or the clock stepped back): add to the newest.
+                call('ZREM', l.state, l.newest_member)
+                bucket_end = l.newest_end
+            end
+            call('ZADD', l.state, int_text(bucket_end), int_text(l.total + cost))
+            l.reset = bucket_end + l.window - now
+            call('PEXPIRE', l.state, keep_ms(l.reset))
+            l.room = l.room - cost
+        else -- fixed
+            call('INCRBY', l.state, cost)
+            if l.count == 0 or l.no_ttl then
+                call('PEXPIRE', l.state, l.period_us / 1000)
+                l.reset = l.period_us
+            end
+            l.room = l.room - cost
+        end
+        if l.pace_interval then
+            store_ahead(l.pace, now, l.pace_after, l.pace_after)
+            l.reset = max(l.reset, l.pace_after)
+            l.room = min(l.room, floor((ceil(l.limit) * l.pace_interval - l.pace_after) / l.pace_interval + EPSILON_US))
+        end
+    else
+        -- Nothing counted. Give back a ttl to state something else left without one.
+        if l.no_ttl then
+            call('PEXPIRE', l.state, l.period_us / 1000)
+        elseif call('PTTL', l.state) == -1 then
+            if l.reset > 0 then
+                call('PEXPIRE', l.state, keep_ms(l.reset))
+            else
+                call('DEL', l.state)
+            end
+        end
+        if l.pace_interval and call('PTTL', l.pace) == -1 then
+            if l.pace_reset > 0 then
+                call('PEXPIRE', l.pace, keep_ms(l.pace_reset))
+            else
+                call('DEL', l.pace)
+            end
+        end
+    end
+    if commit and l.algorithm == 'sliding' then
+        -- Drop buckets that left the window, keeping the newest of them (its
+        -- running total is the base of the window), at most TRIM_PER_CALL per call.
+        local gone = call('ZCOUNT', l.state, '-inf', num_text(now - l.window))
+        if gone >= 2 then
+            call('ZREMRANGEBYRANK', l.state, 0, min(gone - 2, TRIM_PER_CALL - 1))
+        end
+    end
+end
+
+local replies = {}
+for i, l in ipairs(limits) do
+    local reply = {l.ok and 1 or 0, max(0, l.room), ceil(max(l.retry, 0)), ceil(max(l.reset, 0))}
+    if l.overridden == 1 then
+        reply[5], reply[6] = num_text(l.limit), num_text(l.period_us)
+    end
+    replies[i] = reply
+end
+return replies

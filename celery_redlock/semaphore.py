@@ -1,0 +1,354 @@
+"""Semaphore: at most ``limit`` holders of one name across a Redlock's nodes.
+
+A semaphore of limit ``L`` is ``L`` numbered slots, and each slot is a lock
+in the Redlock sense: a holder holds *one* slot number, on a majority of the
+nodes, within a validity measured like a lock's (``ttl - elapsed - drift``
+on the monotonic clock). Two holders of the same slot number would need two
+majorities, which share a node, and a node holds each slot number for one
+value at a time; so at most ``L`` holders are valid at any moment. (Counting
+members per node is not enough: with 3 nodes and limit 2, three holders
+each on a different pair of nodes leave every node with 2 members.)
+
+On each node, the slots are a hash (slot number -> holder value) and a
+sorted set (slot number -> expiry in the node's own time, ``TIME``); the
+acquire script removes expired slots first, then takes the lowest free slot,
+so that nodes in the same state hand out the same number and one round trip
+decides in the common case. When the nodes disagree (holders racing), the
+client picks a slot number free or already held on a majority and asks for
+it by number in one more round trip. Every try that fails is undone on every
+node that granted it or did not answer.
+
+Waiters queue on every node in ticket order (the first node time a waiter
+was seen, then the same ticket everywhere), and a node grants a slot only to
+a caller with fewer waiters ahead of it than free slots: a newcomer never
+overtakes a waiter, and a waiter is served once those ahead of it are. A
+release announces itself on the semaphore's channel, so waiters wake at once.
+
+This module decides what a holder does (wait, keep, give up); the calls to
+the nodes and the rules that decide an attempt are in :mod:`._slots`. See
+docs/flow-control.md, *Semaphore*, for the rules and the proof.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from typing import TYPE_CHECKING
+
+from . import _clock
+from ._arguments import seconds, text
+from ._layout import semaphore_keys
+from ._lease import Lease
+from ._slots import MAX_LIMIT, Attempt, Slots, check_limit
+from .errors import (
+    ConfigurationError,
+    LockLost,
+    LockNotAcquired,
+    QuorumUnavailable,
+    RedlockError,
+)
+from .heartbeat import heartbeat
+from .lock import check_ttl
+
+if TYPE_CHECKING:
+    from .heartbeat import HeldLock
+    from .redlock import Redlock
+
+__all__ = ["MAX_LIMIT", "Semaphore", "check_limit"]
+
+logger = logging.getLogger("celery_redlock.semaphore")
+
+
+class Semaphore(Lease):
+    """At most ``limit`` holders of one name at once; reusable, each acquisition fresh.
+
+    Acquired, extended, released and used as a context manager exactly like
+    a :class:`~celery_redlock.Lock`; create it with :meth:`Redlock.semaphore`.
+
+    Example::
+
+        exports = redlock.semaphore("exports:acme", limit=3, ttl=30.0)
+        with exports:            # waits for one of the 3 slots
+            run_export()
+    """
+
+    #: A semaphore is never built from a token held elsewhere (the heartbeat asks).
+    _adopted = False
+    kind = "semaphore"
+
+    def __init__(
+        self,
+        redlock: Redlock,
+        name: str,
+        limit: int,
+        ttl: float,
+        timeout: float | None = None,
+        owner: str | None = None,
+        *,
+        blocking: bool = True,
+        auto_renew: bool = False,
+    ) -> None:
+        self.name = text(name, "name", empty=False)
+        self.limit = check_limit(limit)
+        self.ttl = check_ttl(redlock, ttl)
+        self.timeout = None if timeout is None else seconds(timeout, "timeout", allow_zero=True)
+        for option, flag in (("blocking", blocking), ("auto_renew", auto_renew)):
+            if not isinstance(flag, bool):
+                raise ConfigurationError(
+                    f"{option}: expected True or False, got {flag!r}", option=option
+                )
+        if not blocking and self.timeout:
+            raise ConfigurationError(
+                f"timeout: semaphore {self.name!r}: a non-blocking semaphore makes one attempt "
+                f"and cannot wait {self.timeout} s; pass blocking=True, or no timeout",
+                option="timeout",
+            )
+        self.redlock = redlock
+        #: Free text stored beside the token (``task_id|where`` for a task's slot).
+        self.owner = None if owner is None else text(owner, "owner")
+        #: Whether ``acquire()`` and ``with`` wait for a slot by default.
+        self.blocking = blocking
+        #: Renew the slot from the process heartbeat while held.
+        self.auto_renew = auto_renew
+        self.keys = semaphore_keys(redlock.key_prefix, self.name)
+        self._slots = Slots(redlock, self.name, self.keys, self.limit, self.ttl)
+        self._mutex = threading.RLock()
+        self._value: str | None = None
+        self._slot: int | None = None
+        self._valid_until = 0.0
+        self._held: HeldLock | None = None
+        #: Why the last acquisition ended without this object releasing it.
+        self.lost_reason: str | None = None
+        # What the nodes answered to the last renewal that found no majority,
+        # while the slot was still valid: why it was lost if it runs out.
+        self._unconfirmed: str | None = None
+
+    def __repr__(self) -> str:
+        state = f"slot {self._slot}, {self.validity:.3f}s left" if self.locked() else "not held"
+        return f"Semaphore({self.name!r}, limit={self.limit}, ttl={self.ttl}, {state})"
+
+    # -- state ----------------------------------------------------------------
+
+    @property
+    def valid_until(self) -> float:
+        """When the acquisition stops being safe (:func:`time.monotonic` clock; 0.0 if not held)."""
+        return self._valid_until if self._value is not None else 0.0
+
+    @property
+    def value(self) -> str | None:
+        """The holder's value written to its slot (``token`` or ``token|owner``), or ``None``."""
+        return self._value
+
+    @property
+    def slot(self) -> int | None:
+        """The slot number held (0 to ``limit - 1``), or ``None`` when not held."""
+        return self._slot if self._value is not None else None
+
+    # -- acquire ----------------------------------------------------------------
+
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Take a slot; return whether one was taken.
+
+        Args:
+            blocking: wait for a slot (default: the semaphore's ``blocking``).
+            timeout: longest wait, seconds (default: the semaphore's
+                ``timeout``, itself ``None``: as long as it takes).
+
+        Raises:
+            QuorumUnavailable: fewer than a majority of the nodes answered
+                (the only attempt, or 3 in a row of a blocking acquire).
+            ConfigurationError: a bad timeout, or a timeout with ``blocking=False``.
+            RedlockError: this object already holds a slot.
+
+        A waiter joins the semaphore's queue on every node and is woken by
+        the next release; a newcomer never takes a slot a waiter ahead of it
+        is owed.
+        """
+        if blocking is None:
+            blocking = self.blocking
+        if timeout is not None:
+            timeout = seconds(timeout, "timeout", allow_zero=True)
+            if not blocking and timeout > 0:
+                raise ConfigurationError(
+                    f"timeout: semaphore {self.name!r}: a non-blocking acquire makes one "
+                    f"attempt and cannot wait {timeout} s; pass blocking=True, or no timeout",
+                    option="timeout",
+                )
+        else:
+            timeout = self.timeout
+        if self.locked():
+            raise RedlockError(
+                f"semaphore {self.name!r}: this Semaphore object holds a slot already; "
+                "use redlock.semaphore(...) for another one"
+            )
+        waits = bool(blocking) and timeout != 0
+        waiter = secrets.token_hex(8) if waits else ""
+        ticket: int | None = None
+
+        def attempt() -> Attempt:
+            nonlocal ticket
+            outcome = self._attempt(waiter, ticket)
+            if waiter and outcome.ticket and ticket is None:
+                ticket = outcome.ticket  # the same place in every node's queue from now on
+            return outcome
+
+        if not waits:
+            return self._wait(
+                attempt, channel=self.keys.released, blocking=False, timeout=0, listen_first=False
+            )
+        acquired = False
+        try:
+            # The first attempt queues this waiter: it is made while listening.
+            acquired = self._wait(
+                attempt,
+                channel=self.keys.released,
+                blocking=True,
+                timeout=timeout,
+                listen_first=True,
+            )
+            return acquired
+        finally:
+            if not acquired:
+                self._slots.leave(waiter)
+
+    def _attempt(self, waiter: str, ticket: int | None) -> Attempt:
+        """One try on every node; on success, this object holds the slot."""
+        outcome = self._slots.attempt(self.owner, waiter, ticket)
+        if outcome.acquired:
+            drift = _clock.drift(self.ttl, self.redlock.drift_factor)
+            with self._mutex:
+                self._value = outcome.value
+                self._slot = outcome.slot
+                self._valid_until = outcome.started + self.ttl - drift
+                self.lost_reason = None
+                self._unconfirmed = None
+            if self.auto_renew:
+                beat = heartbeat()
+                if self._held is not None:
+                    beat.drop(self._held)
+                self._held = beat.hold(self, weak=True)
+        return outcome
+
+    # -- extend and release ---------------------------------------------------------
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Reset the held slot's time to live to ``ttl`` (default: the semaphore's ttl).
+
+        The rules of :meth:`Lock.extend`: a majority must confirm within the
+        current validity; nodes that answer with the slot free get it back.
+
+        Raises:
+            LockLost: the slot had expired, or fewer than a majority still hold
+                it; it has been given up everywhere.
+            QuorumUnavailable: too few nodes answered to tell; the slot is kept.
+        """
+        new_ttl = self.ttl if ttl is None else check_ttl(self.redlock, ttl)
+        redlock = self.redlock
+        with self._mutex:
+            value, slot = self._value, self._slot
+            if value is None or slot is None:
+                raise LockLost(
+                    f"semaphore {self.name!r}: no slot is held by this object; acquire it first",
+                    key=self.name,
+                )
+            if self.validity <= 0:
+                self._give_up("its validity ran out before it was extended")
+                raise LockLost(
+                    f"semaphore {self.name!r}: slot {slot} expired before it was extended; "
+                    "extend more often than the ttl, or use a longer ttl",
+                    key=self.name,
+                )
+            started = _clock.monotonic()
+            tally = self._slots.extend(slot, value, new_ttl)
+            finished = _clock.monotonic()
+            remaining = _clock.validity(new_ttl, started, finished, redlock.drift_factor)
+            if tally.confirmed and remaining > 0:
+                self._valid_until = started + new_ttl - _clock.drift(new_ttl, redlock.drift_factor)
+                self._unconfirmed = None
+                return
+            if tally.lost or self.validity <= 0:
+                reason = tally.describe()
+                self._give_up(reason)
+                raise LockLost(
+                    f"semaphore {self.name!r}: slot {slot} was lost: {reason}", key=self.name
+                )
+            left = self.validity
+        raise QuorumUnavailable(
+            f"semaphore {self.name!r}: slot {slot} could not be extended: {tally.describe()}; "
+            f"it is still held ({left:.3f} s left); retry, or check the nodes",
+            key=self.name,
+            answered=tally.nodes - tally.unreachable,
+            needed=redlock.quorum,
+            failures=tally.failures,
+        )
+
+    def release(self) -> bool:
+        """Give the slot up on every node and wake waiters.
+
+        Returns ``True`` when the slot was still ours (held by a majority, or
+        valid by the clock with too few nodes answering to say otherwise),
+        ``False`` when it was lost or never held (see :attr:`lost_reason`).
+        Calling it again is harmless.
+        """
+        with self._mutex:
+            value, slot = self._value, self._slot
+            if value is None or slot is None:
+                return False
+            was_valid = self.validity > 0
+            self._forget()
+        tally = self._slots.release(slot, value)
+        if tally.confirmed:
+            return True
+        if tally.lost:
+            self.lost_reason = tally.describe()
+            logger.info("semaphore %s: slot %d was lost before its release", self.name, slot)
+            return False
+        if was_valid:
+            logger.warning(
+                "semaphore %s: slot %d released where the nodes answered (%s); the rest "
+                "expire within %s s",
+                self.name,
+                slot,
+                tally.describe(),
+                self.ttl,
+            )
+            return True
+        self.lost_reason = f"its validity had run out; {tally.describe()}"
+        return False
+
+    def _give_up(self, reason: str) -> None:
+        value, slot = self._value, self._slot
+        self.lost_reason = reason
+        self._forget()
+        if value is not None and slot is not None:
+            self._slots.release(slot, value)
+
+    def _forget(self) -> None:
+        """Drop this object's acquisition without telling the nodes."""
+        self._value = None
+        self._slot = None
+        self._valid_until = 0.0
+        self._unconfirmed = None
+        held, self._held = self._held, None
+        if held is not None:
+            heartbeat().drop(held)
+
+    # -- context manager -------------------------------------------------------------
+
+    def _not_acquired(self) -> LockNotAcquired:
+        waited = f"stayed taken for {self.timeout} s" if self.blocking else "were taken"
+        return LockNotAcquired(
+            f"semaphore {self.name!r}: all {self.limit} slots {waited}; raise the "
+            "timeout or the limit, or retry later",
+            key=self.name,
+            timeout=self.timeout,
+        )
+
+    def _lost_in_block(self) -> LockLost:
+        return LockLost(
+            f"semaphore {self.name!r}: the slot was lost before the end of the with "
+            f"block ({self.lost_reason or 'it expired'}); the block's work may have "
+            f"run beside {self.limit} others",
+            key=self.name,
+        )
