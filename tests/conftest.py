@@ -13,7 +13,13 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from celery_redlock import Redlock
-from celery_redlock.testing import RedisServer, ServerGroup
+from celery_redlock.testing import (
+    RedisServer,
+    RedisServerNotFound,
+    ServerGroup,
+    find_redis_server,
+    server_build,
+)
 
 #: Nodes available to a test; the last one is the witness, never a lock node.
 POOL_SIZE = 6
@@ -24,6 +30,15 @@ def pytest_configure(config: pytest.Config) -> None:
     # tears the fixtures down and stops the redis-server processes it started
     # instead of leaving them on their ports.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    # Every run's log says which server it tested ($REDIS_SERVER chooses;
+    # see celery_redlock.testing.binaries).
+    try:
+        return f"server: {server_build(find_redis_server())}"
+    except RedisServerNotFound as exc:
+        return f"server: none found: {exc}"
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,10 @@ What must hold, whatever the nemesis did:
 * **mutual exclusion** -- two sections whose locks were both still valid at
   exit never overlap in time; more strictly, the part of any section during
   which its lock was valid never overlaps another's;
-* **fencing** -- tokens increase in the order the lock was acquired, so the
-  store rejects every write from a holder that someone newer has overtaken
-  (a *stale* write), and never rejects a fresh one.
+* **fencing** -- tokens increase in the order the lock was acquired (none
+  repeated, none smaller than an earlier one), so the store rejects every
+  write from a holder that someone newer has overtaken (a *stale* write), and
+  never rejects a fresh one.
 
 "Overtaken" is decided from the history alone, not from the tokens: a write
 is stale when a section that acquired the lock later already wrote to the
@@ -46,6 +47,8 @@ class Report:
     overlaps_within_validity: int
     overlaps_with_expired: int
     token_order_violations: int
+    repeated_tokens: int
+    long_holds: int
     stale_writes_accepted: int
     stale_writes_rejected: int
     fresh_writes_rejected: int
@@ -62,7 +65,9 @@ class Report:
             f"overlaps among valid holders {self.overlaps_valid} "
             f"(within validity {self.overlaps_within_validity}, "
             f"with an expired holder {self.overlaps_with_expired}); "
-            f"token order violations {self.token_order_violations}; "
+            f"token order violations {self.token_order_violations} "
+            f"(repeated tokens {self.repeated_tokens}); "
+            f"long renewed holds {self.long_holds}; "
             f"stale writes accepted {self.stale_writes_accepted}, "
             f"rejected {self.stale_writes_rejected}; "
             f"fresh writes rejected {self.fresh_writes_rejected}; "
@@ -136,6 +141,7 @@ def check(
     by_acquisition = sorted(history, key=lambda s: s.acquired_by)
     out_of_order = [(a, b) for a, b in pairwise(by_acquisition) if b.token <= a.token]
     examples += [_describe("token order", a, b) for a, b in out_of_order[:EXAMPLES]]
+    repeated = len(history) - len({s.token for s in history})
 
     stale_accepted = stale_rejected = fresh_rejected = 0
     newest_acquisition = float("-inf")
@@ -166,6 +172,8 @@ def check(
         overlaps_within_validity=len(within_validity),
         overlaps_with_expired=len(with_expired),
         token_order_violations=len(out_of_order),
+        repeated_tokens=repeated,
+        long_holds=sum(1 for s in history if s.renewals > 0),
         stale_writes_accepted=stale_accepted,
         stale_writes_rejected=stale_rejected,
         fresh_writes_rejected=fresh_rejected,

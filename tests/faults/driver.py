@@ -2,16 +2,19 @@
 
 Each client process loops: acquire the lock, run a critical section that
 writes to the fencing store with the lock's token, release, and record the
-section. The nemesis meanwhile kills, pauses and restarts the lock's nodes
-and freezes clients. The run lasts at least ``seconds`` and goes on (up to
-``max_seconds``) until it has both the sections and the node faults it was
-asked for.
+section. Every few seconds the first client holds the lock for more than a
+ttl instead, extending it every third of a ttl, before it writes. The
+nemesis meanwhile kills, pauses and restarts the lock's nodes, plants stale
+keys, expires fencing buckets and freezes clients. The run lasts at least
+``seconds`` and goes on (up to ``max_seconds``) until it has both the
+sections and the node faults it was asked for.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import random
 import time
 import traceback
 from collections.abc import Sequence
@@ -33,6 +36,22 @@ KEY = "faults:shared"
 SLOW_SECTION = 0.1
 #: Records a client keeps before pushing them to the witness in one go.
 BATCH = 50
+#: Seconds between two long holds of client 0, as a (low, high) range.
+LONG_HOLD_EVERY = (3.0, 6.0)
+#: Renewals (each after a third of the ttl) in a long hold.
+LONG_HOLD_RENEWALS = 4
+
+
+def _soak_seconds() -> float:
+    raw = os.environ.get("FAULTS_SOAK", "").strip()
+    try:
+        return float(raw) if raw else 0.0
+    except ValueError:
+        raise ValueError(f"FAULTS_SOAK must be a number of seconds, got {raw!r}") from None
+
+
+#: Seconds each soak run lasts (``FAULTS_SOAK``); 0 when no soak was asked for.
+SOAK = _soak_seconds()
 
 
 @dataclass
@@ -68,10 +87,20 @@ def run(config: FaultRun) -> Report:
     stop = context.Event()
     pause_request = context.RawValue("i", 0)
     victim = context.RawValue("i", 0)
+    long_hold = context.RawValue("i", 0)
     processes = [
         context.Process(
             target=_client,
-            args=(index, redlock, config.witness.url, config.ttl, stop, pause_request, victim),
+            args=(
+                index,
+                redlock,
+                config.witness.url,
+                config.ttl,
+                stop,
+                pause_request,
+                victim,
+                long_hold,
+            ),
             name=f"fault-client-{index}",
         )
         for index in range(config.clients)
@@ -81,10 +110,13 @@ def run(config: FaultRun) -> Report:
     nemesis = Nemesis(
         config.nodes,
         witness,
+        lock_key=redlock.key(KEY),
+        fence_key=redlock.keys(KEY).fence,
         ttl=config.ttl,
         max_faulty=config.max_faulty,
         pause_request=pause_request,
         victim=victim,
+        long_hold=long_hold,
         seed=config.seed,
     )
     began = time.monotonic()
@@ -146,10 +178,13 @@ def _client(
     stop: Any,
     pause_request: Any,
     victim: Any,
+    long_hold: Any,
 ) -> None:
     """One client process: lock, critical section, release, until ``stop``."""
     witness = redis.Redis.from_url(witness_url, socket_timeout=10)
     store = FencedStore(witness)
+    chance = random.Random(index)
+    next_long_hold = time.monotonic() + chance.uniform(*LONG_HOLD_EVERY)
     pending: list[str] = []
     quorum_unavailable = 0
     count = 0
@@ -171,7 +206,23 @@ def _client(
             # The lock's own deadline; only the checker reads it.
             valid_until = lock._valid_until
             slow = False
-            if pause_request.value and witness.delete(PAUSE_TICKET):
+            renewals = 0
+            if index == 0 and time.monotonic() >= next_long_hold:
+                # A long hold: renewed past its ttl, then the write.
+                next_long_hold = time.monotonic() + chance.uniform(*LONG_HOLD_EVERY)
+                long_hold.value += 1  # odd: the nemesis may expire the fencing buckets now
+                for _ in range(LONG_HOLD_RENEWALS):
+                    time.sleep(ttl / 3)
+                    try:
+                        lock.extend()
+                    except errors.QuorumUnavailable:
+                        continue  # still valid: the next renewal may reach the nodes
+                    except errors.LockLost:
+                        break
+                    renewals += 1
+                    valid_until = lock._valid_until
+                long_hold.value += 1
+            elif pause_request.value and witness.delete(PAUSE_TICKET):
                 pause_request.value = 0
                 victim.value = os.getpid()
                 slow = True
@@ -194,6 +245,7 @@ def _client(
                     accepted=accepted,
                     arrival=arrival,
                     slow=slow,
+                    renewals=renewals,
                 ).encode()
             )
             if len(pending) >= BATCH:

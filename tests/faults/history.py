@@ -77,6 +77,8 @@ class Section:
         arrival: the write's place in the store's order of arrival.
         slow: the section ran a long computation during which the nemesis
             was asked to freeze the process (the "GC pause" case).
+        renewals: how many times the client extended the lock during the
+            section (a long hold, renewed past several ttls).
     """
 
     owner: str
@@ -89,6 +91,7 @@ class Section:
     accepted: bool
     arrival: int
     slow: bool = False
+    renewals: int = 0
 
     @property
     def valid_at_exit(self) -> bool:
@@ -116,13 +119,16 @@ class Section:
                 str(int(self.accepted)),
                 str(self.arrival),
                 str(int(self.slow)),
+                str(self.renewals),
             )
         )
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Section:
         text = raw.decode() if isinstance(raw, bytes) else raw
-        owner, token, enter, exit_, v_enter, v_exit, until, accepted, arrival, slow = text.split()
+        (owner, token, enter, exit_, v_enter, v_exit, until, accepted, arrival, slow, renewals) = (
+            text.split()
+        )
         return cls(
             owner=owner,
             token=int(token),
@@ -134,6 +140,7 @@ class Section:
             accepted=accepted == "1",
             arrival=int(arrival),
             slow=slow == "1",
+            renewals=int(renewals),
         )
 
 

@@ -9,6 +9,13 @@ Node faults, at most ``max_faulty`` nodes at a time (a minority):
 * ``pause`` -- SIGSTOP a node for up to twice the ttl, then SIGCONT: it keeps
   its connections and its data but answers nothing meanwhile.
 * ``script-flush`` -- SCRIPT FLUSH on a node: the next EVALSHA meets NOSCRIPT.
+* ``stale-key`` -- a node answers without granting: it holds a key of an
+  earlier owner whose release never reached it (``SET NX PX``, 0.5-2 times
+  the ttl; never over a holder's key).
+* ``fence-expire`` -- while a client holds the lock for longer than its ttl
+  (renewing it), the key's fencing bucket expires on every node, as a
+  ``fence_ttl`` shorter than the hold would make it. Once per long hold,
+  when every node is up.
 
 Client fault:
 
@@ -40,13 +47,17 @@ from celery_redlock.testing import RedisServer
 
 from .history import PAUSE_TICKET
 
-KILL_RESTART, PAUSE, SCRIPT_FLUSH, CLIENT_PAUSE = (
+KILL_RESTART, PAUSE, SCRIPT_FLUSH, STALE_KEY, FENCE_EXPIRE, CLIENT_PAUSE = (
     "kill-restart",
     "pause",
     "script-flush",
+    "stale-key",
+    "fence-expire",
     "client-pause",
 )
-NODE_FAULTS = (KILL_RESTART, PAUSE, SCRIPT_FLUSH)
+NODE_FAULTS = (KILL_RESTART, PAUSE, SCRIPT_FLUSH, STALE_KEY)
+#: How often each node fault is chosen, relative to the others.
+NODE_FAULT_WEIGHTS = (4, 4, 1, 3)
 #: Faults that take a node out for a while (what "node faults" counts).
 OUTAGES = (KILL_RESTART, PAUSE)
 
@@ -75,6 +86,8 @@ class Nemesis(threading.Thread):
     Args:
         nodes: the lock's nodes (never the witness).
         witness: a client of the witness node, for the pause ticket.
+        lock_key: the Redis key of the lock the clients fight for.
+        fence_key: its fencing bucket.
         ttl: the clients' lock ttl, seconds; fault durations scale with it.
         max_faulty: most nodes out at once; keep it a minority.
         gap: seconds between one node fault and the next, as a (low, high) range.
@@ -82,6 +95,8 @@ class Nemesis(threading.Thread):
         pause_request: shared flag (a ``multiprocessing`` RawValue) raised when
             a ticket is out.
         victim: shared slot where the client that took the ticket writes its pid.
+        long_hold: shared counter a client raises when it starts a long hold
+            and lowers (to even) when it ends.
         seed: for the random choices, so a run can be repeated.
     """
 
@@ -90,10 +105,13 @@ class Nemesis(threading.Thread):
         nodes: Sequence[RedisServer],
         witness: redis.Redis,
         *,
+        lock_key: str,
+        fence_key: str,
         ttl: float,
         max_faulty: int,
         pause_request: Any,
         victim: Any,
+        long_hold: Any,
         gap: tuple[float, float] = (0.1, 0.5),
         client_pause_every: tuple[float, float] = (2.0, 4.0),
         seed: int = 0,
@@ -101,12 +119,16 @@ class Nemesis(threading.Thread):
         super().__init__(name="nemesis", daemon=True)
         self.nodes = list(nodes)
         self.witness = witness
+        self.lock_key = lock_key
+        self.fence_key = fence_key
         self.ttl = ttl
         self.max_faulty = max_faulty
         self.gap = gap
         self.client_pause_every = client_pause_every
         self.pause_request = pause_request
         self.victim = victim
+        self.long_hold = long_hold
+        self._expired_in_hold = 0
         self.random = random.Random(seed)
         self.events: list[Event] = []
         self.problems: list[str] = []
@@ -137,6 +159,7 @@ class Nemesis(threading.Thread):
             while not self._halt.wait(0.001):
                 now = time.monotonic()
                 self._end_node_faults(now)
+                self._expire_fences_in_long_hold(now)
                 if now >= next_node_fault and len(self._active) < self.max_faulty:
                     self._node_fault(now)
                     next_node_fault = time.monotonic() + self.random.uniform(*self.gap)
@@ -161,14 +184,29 @@ class Nemesis(threading.Thread):
         busy = {active.server for active in self._active}
         healthy = [server for server in self.nodes if server not in busy]
         server = self.random.choice(healthy)
-        kind = self.random.choices(NODE_FAULTS, weights=(4, 4, 1))[0]
+        kind = self.random.choices(NODE_FAULTS, weights=NODE_FAULT_WEIGHTS)[0]
         event = Event(kind, f"node:{server.port}", now)
+        if kind == STALE_KEY:
+            stale_for = self.ttl * self.random.uniform(0.5, 2.0)
+            with contextlib.closing(server.client(socket_timeout=5)) as client:
+                # Between two holders the key is absent for a moment: catch it.
+                for _ in range(500):
+                    if client.set(self.lock_key, "stale-owner", nx=True, px=int(stale_for * 1000)):
+                        break
+                else:
+                    return  # held all along: try again at the next fault
+            self.events.append(event)
+            self._active.append(_Active(event, server, now + stale_for))
+            return
         self.events.append(event)
         if kind == KILL_RESTART:
             server.kill()
-            # Back empty only after every lock it may have held has expired.
+            # Back empty only after every lock it may have held has expired:
+            # counted from the kill itself, not from ``now``, which a loaded
+            # machine (a node restarted just before, in the same round) can
+            # leave far behind (the Redlock paper's delayed restart).
             down_for = self.ttl * self.random.uniform(1.2, 2.0)
-            self._active.append(_Active(event, server, now + down_for))
+            self._active.append(_Active(event, server, time.monotonic() + down_for))
         elif kind == PAUSE:
             server.pause()
             self._active.append(
@@ -178,6 +216,18 @@ class Nemesis(threading.Thread):
             with contextlib.closing(server.client(socket_timeout=5)) as client:
                 client.script_flush()
             event.ended = time.monotonic()
+
+    def _expire_fences_in_long_hold(self, now: float) -> None:
+        hold = self.long_hold.value
+        if hold % 2 == 0 or hold == self._expired_in_hold:
+            return  # no long hold going on, or this one had its expiry
+        if any(not node.running or node.paused for node in self.nodes):
+            return
+        self._expired_in_hold = hold
+        for node in self.nodes:
+            with contextlib.closing(node.client(socket_timeout=5)) as client:
+                client.delete(self.fence_key)  # what its expiry does
+        self.events.append(Event(FENCE_EXPIRE, "every node", now, time.monotonic()))
 
     def _end_node_faults(self, now: float) -> None:
         for active in list(self._active):
@@ -192,7 +242,7 @@ class Nemesis(threading.Thread):
             server.start()
             if server.port != port:
                 self.problems.append(f"node {port} came back on port {server.port}")
-        else:
+        elif event.kind == PAUSE:
             server.resume()
         event.ended = time.monotonic()
         self._active.remove(active)

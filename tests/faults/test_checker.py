@@ -104,6 +104,37 @@ def test_a_fresh_write_rejected_is_reported():
     assert report.token_order_violations == 1
 
 
+def test_a_repeated_token_is_reported():
+    report = report_of(
+        [
+            section("a-1", 5, 0.0, 0.1, 1),
+            section("b-1", 5, 0.2, 0.3, 2),
+            section("a-2", 6, 0.4, 0.5, 3),
+        ]
+    )
+    assert report.repeated_tokens == 1
+    assert report.token_order_violations == 1
+
+
+def test_long_holds_are_counted():
+    long_hold = Section(
+        owner="a-1",
+        token=1,
+        enter=0.0,
+        exit=2.0,
+        validity_at_enter=0.5,
+        validity_at_exit=0.4,
+        valid_until=2.4,
+        accepted=True,
+        arrival=1,
+        renewals=6,
+    )
+    report = report_of([long_hold, section("b-1", 2, 2.5, 2.6, 2)])
+    assert report.long_holds == 1
+    assert report.token_order_violations == 0
+    assert Section.decode(long_hold.encode()) == long_hold
+
+
 def test_overlapping_pairs_counts_each_pair_once():
     made = [section(str(i), i, float(i), i + 2.5, i) for i in range(4)]
     pairs = overlapping_pairs([(s.enter, s.exit, s) for s in made])

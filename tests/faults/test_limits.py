@@ -2,7 +2,7 @@
 
 The fault runs restart a killed node only after every lock it may have held
 has expired (a delayed restart). These tests show what happens without that
-delay, and a case where fencing tokens go backwards even with it.
+delay, and that fencing tokens keep increasing with it.
 """
 
 from __future__ import annotations
@@ -22,15 +22,20 @@ def test_an_instant_empty_restart_can_give_the_lock_to_two_owners(servers, make_
     c.kill()
     first = redlock.lock("k", ttl=10.0)
     assert first.acquire(blocking=False)  # held on a and b
-    a.restart()  # back at once, empty
+    a.kill()
+    # Back empty long before the first lock's ttl, though after node_timeout
+    # (50 ms): what the tokens need (docs/reliability.md, *Fencing tokens*).
+    time.sleep(0.1)
+    a.start()
     c.start()
     second = redlock.lock("k", ttl=10.0)
     assert second.acquire(blocking=False)  # a and c: a second majority
     assert first.locked()
     assert second.locked()
-    # The fencing token is no protection in this case either: both come from
-    # counters that lost the first owner's token.
-    assert second.fencing_token <= first.fencing_token
+    # The tokens still order the two owners: a store that has seen the second
+    # one's token refuses the first one's writes. That is damage control, not
+    # exclusion: until the second one writes, both write unhindered.
+    assert second.fencing_token > first.fencing_token
     first.release()
     second.release()
 

@@ -10,28 +10,15 @@ Each run's figures are printed at the end of the test run.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from .driver import FaultRun, run
-from .nemesis import CLIENT_PAUSE, KILL_RESTART, PAUSE
+from .driver import SOAK, FaultRun, run
+from .nemesis import CLIENT_PAUSE, FENCE_EXPIRE, KILL_RESTART, PAUSE, STALE_KEY
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
 #: Node faults (kills with a delayed empty restart, pauses) every run must see.
 MIN_NODE_FAULTS = 10
-
-
-def _soak_seconds() -> float:
-    raw = os.environ.get("FAULTS_SOAK", "").strip()
-    try:
-        return float(raw) if raw else 0.0
-    except ValueError:
-        raise ValueError(f"FAULTS_SOAK must be a number of seconds, got {raw!r}") from None
-
-
-SOAK = _soak_seconds()
 
 
 def assert_safe(report):
@@ -42,6 +29,7 @@ def assert_safe(report):
     # Fencing: tokens follow the order of acquisition, the store refuses
     # every write from an overtaken holder and no other.
     assert report.token_order_violations == 0, report.examples
+    assert report.repeated_tokens == 0, report.examples
     assert report.stale_writes_accepted == 0, report.examples
     assert report.fresh_writes_rejected == 0, report.examples
 
@@ -75,6 +63,9 @@ def test_short_fault_run(servers, witness, publish, count, min_sections):
     assert report.faults.get(KILL_RESTART, 0) >= 1
     assert report.faults.get(PAUSE, 0) >= 1
     assert report.faults.get(CLIENT_PAUSE, 0) >= 1
+    assert report.faults.get(STALE_KEY, 0) >= 1
+    assert report.faults.get(FENCE_EXPIRE, 0) >= 1
+    assert report.long_holds >= 1
     # A frozen client woke up past its ttl and wrote with its stale token.
     assert report.stale_writes_rejected >= 1
 

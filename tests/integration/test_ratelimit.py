@@ -2,22 +2,39 @@
 
 from __future__ import annotations
 
+import itertools
+import logging
+import math
 import multiprocessing
+import random
 import threading
 import time
 
 import pytest
+import redis
 
 from celery_redlock import RateLimitDecision, RateLimiter, errors
+from celery_redlock._layout import RateKeys
+from celery_redlock._rates import MAX_LIMIT, Rate, parse_rate
+from celery_redlock._scripts import load
+from celery_redlock.ratelimit import Limit
 
 pytestmark = pytest.mark.integration
 
-ALGORITHMS = [pytest.param("fixed", id="fixed"), pytest.param("sliding", id="sliding")]
+ALGORITHMS = [
+    pytest.param("sliding", id="sliding"),
+    pytest.param("gcra", id="gcra"),
+    pytest.param("fixed", id="fixed"),
+]
 #: Run a test under each algorithm: ``def test_x(algorithm): ...``
 each_algorithm = pytest.mark.parametrize("algorithm", ALGORITHMS)
+#: The algorithms that never admit more than the limit in a window of one period.
+each_exact_algorithm = pytest.mark.parametrize("algorithm", ALGORITHMS[:2])
 
 PROCESSES = 16
 HITS = 200
+#: Server-side time no decision may take, microseconds.
+BLOCKING_BUDGET_US = 5000
 
 
 @pytest.fixture
@@ -34,6 +51,27 @@ def client(servers):
     made.close()
 
 
+def most_in_one_window(admitted, period, spare=0.002):
+    """The most units provably admitted within one window ``[x, x + period)``.
+
+    ``admitted`` holds ``(sent, received, cost)`` per admitted hit: the server
+    admitted it somewhere between its send and its reply, so a window is shown
+    to hold a hit only if the hit's whole span lies inside it (``spare`` covers
+    the server's clock running at a slightly different rate from ours).
+    """
+    admitted = sorted(admitted)
+    worst = 0
+    for x, _, _ in admitted:
+        inside = sum(
+            cost for sent, received, cost in admitted if sent >= x and received < x + period - spare
+        )
+        worst = max(worst, inside)
+    return worst
+
+
+# -- exactness under concurrency -------------------------------------------------------
+
+
 def _hammer(limiter, key, algorithm, start, admitted):
     start.wait(30)
     count = sum(
@@ -43,7 +81,7 @@ def _hammer(limiter, key, algorithm, start, admitted):
         admitted.value += count
 
 
-@each_algorithm
+@pytest.mark.parametrize("algorithm", ["sliding", "fixed"])
 def test_many_processes_admit_exactly_the_limit(servers, limiter, client, algorithm):
     key = limiter.state_key("exact", algorithm)
     limiter.peek("warm-up", limit=1, period=1.0)  # the children inherit a used limiter
@@ -85,33 +123,32 @@ def test_many_processes_admit_exactly_the_limit(servers, limiter, client, algori
         # refused hits were taken back: the counter shows admissions only
         assert int(client.get(key)) == 100
     else:
-        assert client.zcard(key) == 100
+        # one member per bucket, holding the running total of admitted units
+        assert int(client.zrange(key, -1, -1)[0]) == 100
 
 
-def _hit_for(limiter, key, limit, period, seconds, start, results):
+def _hit_for(limiter, limits, seconds, costs, start, results):
     start.wait(30)
     admitted, refused = [], []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        cost = random.choice(costs)
         sent = time.monotonic()
-        decision = limiter.hit(key, limit=limit, period=period, algorithm="sliding")
+        decision = limiter.hit(limits, cost=cost)
         received = time.monotonic()
         if decision.allowed:
-            admitted.append((sent, received))
+            admitted.append((sent, received, cost))
         else:
             refused.append(decision.retry_after)
             time.sleep(0.001)
     results.put((admitted, refused))
 
 
-def test_sliding_window_never_admits_more_than_the_limit_in_any_period(limiter):
-    limit, period, seconds, workers = 20, 0.5, 2.5, 4
+def _run_workers(limiter, limits, seconds, costs, workers=4):
     context = multiprocessing.get_context("fork")
     start, results = context.Event(), context.Queue()
     processes = [
-        context.Process(
-            target=_hit_for, args=(limiter, "smooth", limit, period, seconds, start, results)
-        )
+        context.Process(target=_hit_for, args=(limiter, limits, seconds, costs, start, results))
         for _ in range(workers)
     ]
     for process in processes:
@@ -125,26 +162,47 @@ def test_sliding_window_never_admits_more_than_the_limit_in_any_period(limiter):
     for process in processes:
         process.join(30)
         assert process.exitcode == 0
+    return admitted, refused
 
-    # The server admitted each hit between its send and its reply. A window
-    # [x, x + period) is shown to be overfull only by hits whose whole
-    # send-to-reply span lies inside it (2 ms spare for the server's clock
-    # running at a slightly different rate from ours).
-    admitted.sort()
-    worst = 0
-    for x, _ in admitted:
-        inside = sum(
-            1 for sent, received in admitted if sent >= x and received < x + period - 0.002
-        )
-        worst = max(worst, inside)
-    assert worst <= limit
-    # ... while still letting the limit through, period after period.
-    assert len(admitted) >= limit * int(seconds / period) * 0.6
+
+@each_exact_algorithm
+@pytest.mark.parametrize(
+    "costs", [pytest.param([1], id="cost-1"), pytest.param([1, 3], id="cost-1-or-3")]
+)
+def test_no_window_of_one_period_holds_more_than_the_limit(limiter, algorithm, costs):
+    limit, period, seconds = 20, 0.5, 2.5
+    limits = [Limit("smooth", Rate(limit, period), algorithm)]
+    admitted, refused = _run_workers(limiter, limits, seconds, costs)
+
+    assert most_in_one_window(admitted, period) <= limit
+    units = sum(cost for _, _, cost in admitted)
+    if algorithm == "sliding":
+        # ... while still letting the limit through, period after period.
+        assert units >= limit * int(seconds / period) * 0.6
+    else:
+        # one slot every period / limit, claimed by whoever asks first
+        assert units >= (seconds / period) * limit * (0.3 if 3 in costs else 0.6)
     assert refused
-    assert all(0 < retry_after <= period for retry_after in refused)
+    assert all(0 < retry_after <= period + 0.01 for retry_after in refused)
 
 
-def test_fixed_window_can_admit_twice_the_limit_across_a_boundary_sliding_cannot(limiter):
+def test_several_limits_hold_together_under_concurrency(limiter):
+    limits = [
+        Limit("tenant", Rate(10, 0.5), "sliding"),
+        Limit("global", Rate(15, 0.5), "gcra"),
+        Limit("daily", Rate(1000, 60.0), "fixed"),
+    ]
+    admitted, _ = _run_workers(limiter, limits, 2.0, [1, 2])
+    assert most_in_one_window(admitted, 0.5) <= 10
+    units = sum(cost for _, _, cost in admitted)
+    # the fixed limit counted exactly the units admitted, no refused unit
+    assert limiter.peek("daily", Rate(1000, 60.0), algorithm="fixed").remaining == 1000 - units
+
+
+# -- the algorithms side by side -------------------------------------------------------
+
+
+def test_fixed_window_can_admit_twice_the_limit_across_a_boundary_the_others_cannot(limiter):
     period = 1.0
     began = time.monotonic()
     for algorithm in ("fixed", "sliding"):
@@ -163,123 +221,166 @@ def test_fixed_window_can_admit_twice_the_limit_across_a_boundary_sliding_cannot
 
 
 def test_timeline_of_the_module_documentation(limiter):
-    # Limit 3 per second, hits at 0, 0.1, 0.2, 0.6 and 1.3 s.
-    period = 1.0
-    outcomes: dict[str, list[bool]] = {"fixed": [], "sliding": []}
-    retry_afters: dict[str, float] = {}
+    # A limit of 3 per 10 s with hits at 0, 1, 2, 9 and 10.5 s, five times faster.
+    scale, period = 0.2, 2.0
+    outcomes: dict[str, list[bool]] = {"sliding": [], "gcra": [], "fixed": []}
+    retry_afters: dict[str, list[float]] = {name: [] for name in outcomes}
     began = time.monotonic()
-    for at in (0.0, 0.1, 0.2, 0.6, 1.3):
-        time.sleep(max(began + at - time.monotonic(), 0))
+    for at in (0.0, 1.0, 2.0, 9.0, 10.5):
+        time.sleep(max(began + at * scale - time.monotonic(), 0))
         for algorithm, seen in outcomes.items():
-            decision = limiter.hit("doc", 3, period, algorithm=algorithm)
+            decision = limiter.hit(algorithm, 3, period, algorithm=algorithm)
             seen.append(decision.allowed)
             if not decision.allowed:
-                retry_afters[algorithm] = decision.retry_after
-    assert outcomes["fixed"] == [True, True, True, False, True]
+                retry_afters[algorithm].append(decision.retry_after / scale)
     assert outcomes["sliding"] == [True, True, True, False, True]
-    for algorithm in outcomes:
-        assert 0.2 < retry_afters[algorithm] <= 0.4 + 0.05
+    assert outcomes["gcra"] == [True, False, False, True, False]
+    assert outcomes["fixed"] == [True, True, True, False, True]
+    assert retry_afters["sliding"] == [pytest.approx(1.0, abs=0.2)]
+    assert retry_afters["fixed"] == [pytest.approx(1.0, abs=0.2)]
+    assert retry_afters["gcra"] == [
+        pytest.approx(2.33, abs=0.2),
+        pytest.approx(1.33, abs=0.2),
+        pytest.approx(1.83, abs=0.2),
+    ]
 
 
 @each_algorithm
 def test_retry_after_is_honest(limiter, algorithm):
-    for _ in range(5):
-        assert limiter.hit("honest", 5, 0.4, algorithm=algorithm).allowed
-    refused = limiter.hit("honest", 5, 0.4, algorithm=algorithm)
-    assert not refused.allowed
-    assert 0 < refused.retry_after <= 0.4
+    first = limiter.hit("honest", 5, 0.4, algorithm=algorithm)
+    assert first.allowed
+    while (refused := limiter.hit("honest", 5, 0.4, algorithm=algorithm)).allowed:
+        pass
+    assert 0 < refused.retry_after <= 0.4 + 0.001
     assert refused.reset_after >= refused.retry_after
-    time.sleep(refused.retry_after + 0.01)
+    time.sleep(refused.retry_after + 0.005)
     assert limiter.hit("honest", 5, 0.4, algorithm=algorithm).allowed
 
 
 @each_algorithm
 def test_peek_does_not_consume(limiter, client, algorithm):
     fresh = limiter.peek("peek", 3, 10.0, algorithm=algorithm)
-    assert fresh == RateLimitDecision(
-        allowed=True, limit=3, remaining=3, retry_after=0.0, reset_after=0.0
-    )
+    assert (fresh.allowed, fresh.limit, fresh.remaining, fresh.retry_after) == (True, 3, 3, 0.0)
+    assert fresh.reset_after == 0.0
     assert client.exists(limiter.state_key("peek", algorithm)) == 0
-    for expected_remaining in (2, 1, 0):
-        for _ in range(3):
-            assert limiter.peek("peek", 3, 10.0, algorithm=algorithm).remaining == (
-                expected_remaining + 1
-            )
-        assert limiter.hit("peek", 3, 10.0, algorithm=algorithm).remaining == expected_remaining
-    full = limiter.peek("peek", 3, 10.0, algorithm=algorithm)
-    assert not full.allowed
-    assert 9.0 < full.retry_after <= 10.0
-    assert not limiter.hit("peek", 3, 10.0, algorithm=algorithm).allowed
+    for _ in range(3):
+        assert limiter.peek("peek", 3, 10.0, algorithm=algorithm).remaining == 3
+    assert limiter.hit("peek", 3, 10.0, algorithm=algorithm).remaining == 2
+    for _ in range(3):
+        assert limiter.peek("peek", 3, 10.0, algorithm=algorithm).remaining == 2
+    state = client.dump(limiter.state_key("peek", algorithm))
+    limiter.peek("peek", 3, 10.0, cost=3, algorithm=algorithm)
+    assert client.dump(limiter.state_key("peek", algorithm)) == state
+
+
+def test_gcra_spaces_units_evenly(limiter):
+    assert limiter.hit("even", 3, 10.0, algorithm="gcra").allowed
+    refused = limiter.hit("even", 3, 10.0, algorithm="gcra")
+    assert not refused.allowed
+    assert 3.2 < refused.retry_after <= 10 / 3
+    assert refused.remaining == 2  # the period still has room for two, one slot apart
 
 
 @each_algorithm
 def test_reset_gives_the_full_limit_back(limiter, client, algorithm):
-    for _ in range(3):
-        limiter.hit("reset", 3, 60.0, algorithm=algorithm)
-    assert not limiter.hit("reset", 3, 60.0, algorithm=algorithm).allowed
+    while limiter.hit("reset", 3, 60.0, algorithm=algorithm).allowed:
+        pass
     limiter.reset("reset")
     assert client.exists(limiter.state_key("reset", algorithm)) == 0
     assert limiter.hit("reset", 3, 60.0, algorithm=algorithm).remaining == 2
     limiter.reset("never-used")
 
 
-@each_algorithm
+@pytest.mark.parametrize("algorithm", ["sliding", "fixed"])
 def test_cost_counts_units_and_a_refused_hit_takes_nothing(limiter, client, algorithm):
     assert limiter.hit("cost", 10, 60.0, cost=4, algorithm=algorithm).remaining == 6
     assert limiter.hit("cost", 10, 60.0, cost=4, algorithm=algorithm).remaining == 2
+    state = client.dump(limiter.state_key("cost", algorithm))
     refused = limiter.hit("cost", 10, 60.0, cost=4, algorithm=algorithm)
     assert not refused.allowed
     assert refused.remaining == 2
+    assert client.dump(limiter.state_key("cost", algorithm)) == state
     assert limiter.peek("cost", 10, 60.0, cost=2, algorithm=algorithm).allowed
     assert not limiter.peek("cost", 10, 60.0, cost=3, algorithm=algorithm).allowed
     assert limiter.hit("cost", 10, 60.0, cost=2, algorithm=algorithm).remaining == 0
-    state = limiter.state_key("cost", algorithm)
-    if algorithm == "fixed":
-        assert int(client.get(state)) == 10
-    else:
-        assert client.zcard(state) == 10
+
+
+def test_gcra_makes_a_costly_hit_wait_for_room_in_the_window(limiter):
+    # 10 per second, one unit every 0.1 s: a hit of 5 just after a hit of 1
+    # waits until the window behind it has room for 5.
+    assert limiter.hit("heavy", 10, 1.0, algorithm="gcra").allowed
+    refused = limiter.hit("heavy", 10, 1.0, cost=5, algorithm="gcra")
+    assert not refused.allowed
+    assert 0.45 < refused.retry_after <= 0.5
+    time.sleep(refused.retry_after + 0.005)
+    assert limiter.hit("heavy", 10, 1.0, cost=5, algorithm="gcra").allowed
 
 
 @each_algorithm
 def test_every_key_keeps_a_ttl(limiter, client, algorithm):
     state = limiter.state_key("ttl", algorithm)
+    # (a sliding unit counts until its bucket's end, up to 0.1 % of the period
+    # later, and a millisecond is added: Redis may count a ttl from the start
+    # of the current one)
+    longest = 5000 + 5 + 1
     for _ in range(5):
         limiter.hit("ttl", 3, 5.0, algorithm=algorithm)
-        assert 0 < client.pttl(state) <= 5000
+        assert 0 < client.pttl(state) <= longest
     # Something else removed the ttl: the next call, hit or peek, puts one back.
     for call in (limiter.hit, limiter.peek):
         client.persist(state)
         assert client.pttl(state) == -1
         call("ttl", 3, 5.0, algorithm=algorithm)
-        assert 0 < client.pttl(state) <= 5000
+        assert 0 < client.pttl(state) <= longest
+
+
+@pytest.mark.parametrize("algorithm", ["sliding", "fixed"])
+def test_the_pace_of_a_fractional_limit_keeps_a_ttl(limiter, client, algorithm):
+    limiter.hit("pace", "2.5/s", algorithm=algorithm)
+    pace = RateKeys("redlock:rate:").pace("pace", algorithm)
+    assert 0 < client.pttl(pace) <= 1200
+    client.persist(pace)
+    limiter.peek("pace", "2.5/s", algorithm=algorithm)
+    assert 0 < client.pttl(pace) <= 1200
 
 
 def test_algorithms_and_keys_do_not_interfere(limiter, client):
     for _ in range(2):
         assert limiter.hit("a", 2, 60.0, algorithm="fixed").allowed
     assert not limiter.hit("a", 2, 60.0, algorithm="fixed").allowed
-    # the same name under the other algorithm, and other names, are other limits
+    # the same name under the other algorithms, and other names, are other limits
     assert limiter.hit("a", 2, 60.0, algorithm="sliding").remaining == 1
+    assert limiter.hit("a", 2, 60.0, algorithm="gcra").remaining == 1
     assert limiter.hit("b", 2, 60.0, algorithm="fixed").remaining == 1
     assert limiter.hit("b", 2, 60.0, algorithm="sliding").remaining == 1
     assert sorted(client.keys()) == sorted(
-        limiter.state_key(key, algorithm).encode()
-        for key in ("a", "b")
-        for algorithm in ("fixed", "sliding")
+        [
+            *(
+                limiter.state_key(key, algorithm).encode()
+                for key in ("a", "b")
+                for algorithm in ("fixed", "sliding")
+            ),
+            limiter.state_key("a", "gcra").encode(),
+        ]
     )
 
 
 def test_default_algorithm_and_prefix(servers, client):
-    with RateLimiter(servers[0].url, algorithm="sliding", key_prefix="app:") as limiter:
+    with RateLimiter(servers[0].url, key_prefix="app:") as limiter:
         limiter.hit("k", 5, 60.0)
     assert client.type("app:{k}:sliding") == b"zset"
+    with RateLimiter(servers[0].url, algorithm="gcra", key_prefix="app:") as limiter:
+        limiter.hit("k", 5, 60.0)
+    assert client.type("app:{k}:gcra") == b"string"
 
 
 def test_a_client_works_whatever_its_settings(servers):
     given = servers[0].client(decode_responses=True, protocol=3)
     with RateLimiter(given) as limiter:
         assert limiter.hit("k", 2, 60.0).remaining == 1
-        assert limiter.hit("k", 2, 60.0, algorithm="sliding").remaining == 1
+        assert limiter.hit("k", 2, 60.0, algorithm="gcra").remaining == 1
+        limiter.set_override("k", "1/m", ttl=60)
+        assert limiter.get_override("k").rate == Rate(1, 60.0)
     given.close()
 
 
@@ -289,13 +390,375 @@ def test_a_script_flush_is_survived(servers, limiter):
     assert limiter.hit("k", 5, 60.0).remaining == 3
 
 
-def test_killed_redis_is_a_clear_error_at_once(servers, limiter):
+# -- fractional rates ----------------------------------------------------------------
+
+
+def test_a_fractional_rate_is_not_turned_into_a_burst(limiter):
+    # "3.33333/s" once became 333333 per 100000 s: 1000 of 1000 hits admitted.
+    # (Called the way a task reads its global_rate_limit: parse, then limit and period.)
+    rate = parse_rate("3.33333/s")
+    for algorithm in ("sliding", "fixed"):
+        started = time.monotonic()
+        admitted = sum(
+            limiter.hit(f"frac-{algorithm}", rate.limit, rate.period, algorithm=algorithm).allowed
+            for _ in range(1000)
+        )
+        elapsed = time.monotonic() - started
+        # 4 in one period (3.33 rounds up for a burst); hits spread over k
+        # periods (a loaded machine) fit in k windows: at most 4 in each.
+        periods = max(1, math.ceil(elapsed / rate.period))
+        assert 4 <= admitted <= 4 * periods, (algorithm, admitted, elapsed)
+    assert sum(limiter.hit("frac", "3.33333/s", algorithm="gcra").allowed for _ in range(100)) == 1
+    # "33.3/m" once became 333 per 600 s, admitting 333 at once.
+    rate = parse_rate("33.3/m")
+    assert sum(limiter.hit("minute", rate.limit, rate.period).allowed for _ in range(400)) == 34
+
+
+def test_a_float_sum_is_a_usable_rate(limiter):
+    decision = limiter.hit("sum", 0.1 + 0.2, 1.0)
+    assert decision.allowed
+    assert decision.limit == 0.30000000000000004
+    assert not limiter.hit("sum", 0.1 + 0.2, 1.0).allowed
+
+
+def test_a_fractional_rate_averages_out_within_one_percent(limiter):
+    # 2.5 units per 20 ms (125 per second): at most 3 in any 20 ms window, and
+    # 125 per second on average, measured from the first admission to the last.
+    rate, interval = Rate(2.5, 0.02), 0.008
+    admitted, sends = [], []
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        sent = time.monotonic()
+        sends.append(sent)
+        if limiter.hit("average", rate).allowed:
+            admitted.append((sent, time.monotonic(), 1))
+    assert most_in_one_window(admitted, 0.02, spare=0.0002) <= 3
+    elapsed = admitted[-1][1] - admitted[0][0]
+    # Never more than the burst of 3 plus one unit per 8 ms...
+    assert len(admitted) <= 3 + elapsed / interval + 1
+    # ... and no fewer, within 1 %, while someone asked. The pace holds a few
+    # units, so a pause of the asking process loses at most the part of it
+    # beyond one interval (counted generously: a busy machine pauses it often).
+    paused = sum(max(0.0, b - a - interval) for a, b in itertools.pairwise(sends))
+    assert len(admitted) >= 0.99 * (3 + (elapsed - paused) / interval - 1)
+
+
+def test_gcra_runs_at_the_exact_rate(limiter):
+    rate = Rate(9.5, 1.0)  # one unit every 105.263 ms
+    first = limiter.hit("on-time", rate, algorithm="gcra")
+    # The next unit's slot, exactly: 1/9.5 s, not rounded to a millisecond.
+    assert first.reset_after == math.ceil(10 * 1e6 / 9.5) / 1e6
+    admitted = [time.monotonic()]
+    while len(admitted) < 20:
+        decision = limiter.hit("on-time", rate, algorithm="gcra")
+        if decision.allowed:
+            admitted.append(time.monotonic())
+        else:
+            time.sleep(decision.retry_after)
+    # A caller that comes back at retry_after is admitted one interval apart,
+    # plus its own lateness (a sleep's overshoot and a round trip).
+    spacing = (admitted[-1] - admitted[0]) / (len(admitted) - 1)
+    assert rate.interval * 0.995 <= spacing <= rate.interval * 1.05
+
+
+def test_periods_are_not_rounded(limiter):
+    # 2.5 ms once became 2 ms.
+    sliding = limiter.hit("short", 1, 0.0025, algorithm="sliding")
+    assert 0.0025 < sliding.reset_after <= 0.0025 + 0.0000025  # plus at most one bucket
+    gcra = limiter.hit("short", 1, 0.0025, algorithm="gcra")
+    assert gcra.reset_after == 0.0025
+    assert limiter.hit("long", "1/d", algorithm="gcra").reset_after == 86400.0
+    with pytest.raises(errors.ConfigurationError) as raised:
+        limiter.hit("short", 1, 0.0025, algorithm="fixed")
+    assert raised.value.option == "period"
+
+
+# -- several limits, weighted cost -------------------------------------------------------
+
+
+def test_several_limits_all_or_nothing(limiter, client):
+    tenant, shared = ("api:acme", "10/s"), ("global", "2/s")
+    assert limiter.hit([tenant, shared]).allowed
+    assert limiter.hit([tenant, shared]).allowed
+    before = {name: client.dump(name) for name in client.scan_iter()}
+    refused = limiter.hit([tenant, shared])
+    assert not refused.allowed
+    assert [limit.key for limit in refused.refused_by] == ["global"]
+    assert refused.limits[0].allowed
+    assert refused.limits[0].remaining == 8
+    assert 0.9 < refused.retry_after <= 1.01
+    # the tenant's limit, which would have admitted the hit, spent nothing
+    assert {name: client.dump(name) for name in client.scan_iter()} == before
+    assert limiter.peek(*tenant).remaining == 8
+
+
+def test_several_limits_mix_algorithms_keys_and_a_weighted_cost(limiter, client):
+    limits = [
+        Limit("api:acme", "10/s"),
+        Limit("api:acme:burst", "4/s", "gcra"),
+        Limit("global", "50000/d", "fixed"),
+    ]
+    refused = limiter.hit(limits, cost=3)  # gcra needs room for 3: it has it when idle
+    assert refused.allowed
+    assert [limit.remaining for limit in refused.limits] == [7, 1, 49997]
+    again = limiter.hit(limits, cost=3)
+    assert not again.allowed
+    assert [limit.allowed for limit in again.limits] == [True, False, True]
+    assert limiter.peek("global", "50000/d", algorithm="fixed").remaining == 49997
+    assert limiter.peek("api:acme", "10/s").remaining == 7
+
+
+def test_one_limit_as_a_rate_text(limiter):
+    decision = limiter.hit("api:acme", "100/m")
+    assert (decision.allowed, decision.limit, decision.remaining) == (True, 100, 99)
+    assert decision.limits[0].period == 60.0
+    assert decision.node == limiter.status()[0].node
+
+
+def test_a_callable_rate_is_read_on_every_decision(limiter):
+    plans = {"acme": "2/m"}
+    limits = [Limit("api:acme", lambda key: plans[key.split(":")[1]])]
+    assert limiter.hit(limits).remaining == 1
+    assert limiter.hit(limits).remaining == 0
+    assert not limiter.hit(limits).allowed
+    plans["acme"] = "10/m"
+    assert limiter.hit(limits).remaining == 7
+
+
+# -- bounded work ----------------------------------------------------------------------
+
+
+def _slowest_script_us(client):
+    entries = client.slowlog_get(100000)
+    durations = [
+        entry["duration"]
+        for entry in entries
+        if entry["command"].split(b" ", 1)[0].upper() in (b"EVALSHA", b"EVAL")
+    ]
+    assert durations, "the slow log recorded no script call"
+    return max(durations)
+
+
+def test_a_sliding_log_holds_at_most_one_member_per_bucket(limiter, client):
+    # More hits within one period than the log has buckets (a bucket is
+    # 2 ms of a 2 s period), however fast this machine is right now.
+    hits = 0
+    started = time.monotonic()
+    while hits <= 1500:
+        assert limiter.hit("dense", 1_000_000, 2.0).allowed
+        hits += 1
+    assert time.monotonic() - started < 2.0, "too slow to fill one period"
+    assert client.zcard(limiter.state_key("dense")) <= 1001 + 16
+
+
+def test_a_large_cost_costs_no_more_than_a_small_one(limiter, client):
+    # A sliding hit of cost 1,000,000 once ran a million ZADDs: 2.4 s of a blocked server.
+    client.config_set("slowlog-log-slower-than", 0)
+    client.slowlog_reset()
+    assert limiter.hit("large", 1_000_000, 60.0, cost=1_000_000, algorithm="sliding").allowed
+    assert not limiter.hit("large", 1_000_000, 60.0, cost=1_000_000, algorithm="sliding").allowed
+    slowest = _slowest_script_us(client)
+    assert slowest < BLOCKING_BUDGET_US, f"a decision took {slowest} µs on the server"
+    assert client.zcard(limiter.state_key("large", "sliding")) == 1
+
+
+def test_no_accepted_input_blocks_the_server(servers, limiter, client):
+    client.config_set("slowlog-max-len", 100000)
+    full = [Limit(f"full:{i}", Rate(1_000_000, 4.0)) for i in range(16)]
+    # Fill 16 logs with a member in most of their 1,000 buckets (4 ms each).
+    deadline = time.monotonic() + 10.0
+    while client.zcard(limiter.state_key("full:0")) <= 500:
+        assert time.monotonic() < deadline, "could not fill the logs"
+        for _ in range(20):
+            assert limiter.hit(full).allowed
+            time.sleep(0.002)
+
+    # Server CPU per decision, not wall time: a server process that waits for
+    # a core on a busy machine is not a blocked server.
+    spent: list[float] = []
+
+    def decide(call, *args, **kwargs):
+        before = _server_cpu(client)
+        decision = call(*args, **kwargs)
+        spent.append(_server_cpu(client) - before)
+        return decision
+
+    # Refused, the retry_after of each found by binary search.
+    assert not decide(limiter.hit, full, cost=1_000_000).allowed
+    assert not decide(limiter.peek, full, cost=1_000_000).allowed
+    # The largest limit and cost, under every algorithm.
+    biggest = Rate(MAX_LIMIT, 1000.0)
+    for algorithm in ("sliding", "fixed"):
+        limits = [Limit(f"big:{algorithm}:{i}", biggest, algorithm) for i in range(16)]
+        assert decide(limiter.hit, limits, cost=MAX_LIMIT).allowed
+        assert not decide(limiter.hit, limits, cost=MAX_LIMIT).allowed
+    gcra = [Limit(f"big:gcra:{i}", Rate(10_000, 1.0), "gcra") for i in range(16)]
+    assert decide(limiter.hit, gcra, cost=10_000).allowed
+    # Half the logs' window passes: each hit trims at most 16 old members per
+    # limit. Then all of it: the logs expire, and are freed when next read.
+    time.sleep(2.0)
+    assert decide(limiter.hit, full).allowed
+    time.sleep(2.2)
+    assert decide(limiter.hit, full).allowed
+    slowest = max(spent) * 1e6
+    print(f"most server CPU for one decision: {slowest:.0f} µs")
+    assert slowest < BLOCKING_BUDGET_US, f"a decision took {slowest:.0f} µs of server CPU"
+
+
+def _server_cpu(client) -> float:
+    """Seconds of CPU the server has used (INFO cpu), to the microsecond."""
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def test_scripts_check_every_argument_before_writing(client):
+    script = load("ratelimit_hit").source
+    keys = ["s1", "p1", "o1", "s2", "p2", "o2"]
+    good = ["sliding", "10", "1000000"]
+    cases = [
+        (["0", "1", "0", *good, *good]),  # cost 0
+        (["1.5", "1", "0", *good, *good]),  # fractional cost
+        (["nan", "1", "0", *good, *good]),
+        (["1", "2", "0", *good, *good]),  # consume neither 0 nor 1
+        (["1", "1", "-1", *good, *good]),  # negative margin
+        (["1", "1", "0", *good, "leaky", "10", "1000000"]),  # unknown algorithm
+        (["1", "1", "0", *good, "sliding", "inf", "1000000"]),
+        (["1", "1", "0", *good, "sliding", "10", "500"]),  # period below 1 ms
+        (["1", "1", "0", *good, "fixed", "10", "2500"]),  # fixed, not whole ms
+        (["1", "1", "0", *good, "gcra", "100000", "1000000"]),  # gcra, 10 µs per unit
+        (["11", "1", "0", *good, *good]),  # cost over the limit
+        (["1", "1", "0", *good]),  # too few arguments for the keys
+    ]
+    for args in cases:
+        with pytest.raises(redis.ResponseError, match="celery_redlock"):
+            client.eval(script, len(keys), *keys, *args)
+        assert client.dbsize() == 0, args
+    with pytest.raises(redis.ResponseError, match="celery_redlock"):
+        client.eval(script, 6, "s1", "p1", "o1", "s1", "p2", "o2", "1", "1", "0", *good, *good)
+    assert client.dbsize() == 0
+    # A bad override stored in Redis stops the decision before any write.
+    client.hset("o2", mapping={"limit": "0", "period_us": "1000000"})
+    client.pexpire("o2", 60000)
+    with pytest.raises(redis.ResponseError, match="override"):
+        client.eval(script, len(keys), *keys, "1", "1", "0", *good, *good)
+    assert client.keys() == [b"o2"]
+    override = load("ratelimit_override").source
+    for args in (["0", "1000000", "t", "1000"], ["1", "2500", "t", "1000"], ["1", "1e6", "t", "0"]):
+        with pytest.raises(redis.ResponseError, match="celery_redlock"):
+            client.eval(override, 1, "o3", *args)
+    assert client.keys() == [b"o2"]
+
+
+# -- budgets ---------------------------------------------------------------------------
+
+
+@each_algorithm
+def test_a_budget_counts_apart_from_the_limit_and_shares_its_override(limiter, client, algorithm):
+    own = Limit("api:acme", "3/m", algorithm)
+    publish = Limit("api:acme", "3/m", algorithm, budget="publish")
+    admitted = [limiter.hit(publish).allowed for _ in range(4)]
+    # gcra spaces them 20 s apart; the others take the burst.
+    assert admitted == (
+        [True, False, False, False] if algorithm == "gcra" else [True] * 3 + [False]
+    )
+    # The limit's own count is untouched by its publish budget...
+    assert limiter.peek(own).remaining == 3
+    assert limiter.hit(own).allowed
+    assert limiter.peek(publish).remaining == 3 - sum(admitted)
+    # ...and both read the limit's one override.
+    limiter.set_override("api:acme", "1/m", ttl=60)
+    assert limiter.peek(own).limits[0].overridden
+    decision = limiter.peek(publish)
+    assert decision.limits[0].overridden
+    assert decision.limits[0].budget == "publish"
+    assert client.exists(limiter.state_key("api:acme", algorithm, budget="publish"))
+    # One decision checks each key once, its budgets included.
+    with pytest.raises(errors.ConfigurationError, match="named twice"):
+        limiter.peek([own, publish])
+    limiter.reset("api:acme", budget="publish")
+    assert not client.exists(limiter.state_key("api:acme", algorithm, budget="publish"))
+    assert client.exists(limiter.state_key("api:acme", algorithm))
+
+
+def test_a_budget_name_is_checked():
+    for bad in ("", "Publish", "sliding", "override", "a:b", "x" * 40, 3):
+        with pytest.raises(errors.ConfigurationError, match="budget"):
+            Limit("k", "1/s", budget=bad)
+
+
+# -- overrides -------------------------------------------------------------------------
+
+
+@each_algorithm
+def test_an_override_changes_a_limit_at_once_everywhere(servers, limiter, client, algorithm):
+    other_process = RateLimiter(servers[0].url)
+    for _ in range(3):
+        assert limiter.hit("api:acme", "5/m", algorithm=algorithm).allowed or algorithm == "gcra"
+    made = limiter.set_override("api:acme", "1/m", ttl=60)
+    assert made.rate == Rate(1, 60.0)
+    decision = other_process.hit("api:acme", "5/m", algorithm=algorithm)
+    assert not decision.allowed
+    assert decision.limits[0].overridden
+    assert (decision.limit, decision.limits[0].period) == (1, 60.0)
+    assert 59 < client.pttl(RateKeys("redlock:rate:").override("api:acme")) / 1000 <= 60
+
+    assert limiter.clear_override("api:acme")
+    assert not limiter.clear_override("api:acme")
+    back = other_process.peek("api:acme", "5/m", algorithm=algorithm)
+    assert not back.limits[0].overridden
+    assert back.limit == 5
+    other_process.close()
+
+
+def test_overrides_are_listed_and_read_back(limiter):
+    assert limiter.overrides() == []
+    assert limiter.get_override("api:acme") is None
+    limiter.set_override("api:acme", "200/m", ttl=3600)
+    limiter.set_override("api:tiny", Rate(2.5, 1.0), ttl=60)
+    limiter.hit("api:other", "5/m")  # a limit without an override
+    listed = limiter.overrides()
+    assert [(o.key, o.rate, o.text) for o in listed] == [
+        ("api:acme", Rate(200, 60.0), "200/m"),
+        ("api:tiny", Rate(2.5, 1.0), "2.5/s"),
+    ]
+    assert 3599 < listed[0].ttl <= 3600
+    read = limiter.get_override("api:tiny")
+    assert (read.key, read.rate, read.text) == ("api:tiny", Rate(2.5, 1.0), "2.5/s")
+    assert 59 < read.ttl <= 60
+
+
+def test_an_override_below_the_cost_refuses_until_it_expires(limiter):
+    limiter.set_override("api:acme", "2/m", ttl=30)
+    decision = limiter.hit("api:acme", "100/m", cost=5)
+    assert not decision.allowed
+    assert 29 < decision.retry_after <= 30
+
+
+def test_a_broken_override_is_an_error_not_a_silent_default(limiter, client):
+    name = RateKeys("redlock:rate:").override("api:acme")
+    client.hset(name, mapping={"limit": "many", "period_us": "60000000"})
+    client.pexpire(name, 60000)
+    with pytest.raises(errors.RateLimiterUnavailable, match="override"):
+        limiter.hit("api:acme", "5/m")
+    assert client.keys() == [name.encode()]
+
+
+# -- when Redis is down ----------------------------------------------------------------
+
+
+def _ratelimit_records(caplog):
+    return [r for r in caplog.records if r.name == "celery_redlock.ratelimit"]
+
+
+def test_killed_redis_is_a_clear_error_at_once(servers, limiter, caplog):
+    caplog.set_level(logging.INFO, logger="celery_redlock.ratelimit")
     limiter.hit("k", 5, 60.0)
     servers[0].kill()
-    began = time.monotonic()
-    with pytest.raises(errors.RateLimiterUnavailable) as raised:
-        limiter.hit("k", 5, 60.0)
-    assert time.monotonic() - began < 1.0
+    for _ in range(5):
+        began = time.monotonic()
+        with pytest.raises(errors.RateLimiterUnavailable) as raised:
+            limiter.hit("k", 5, 60.0)
+        assert time.monotonic() - began < 1.0
     assert raised.value.key == "k"
     assert raised.value.node == servers[0].url
     assert "'k'" in str(raised.value)
@@ -303,24 +766,173 @@ def test_killed_redis_is_a_clear_error_at_once(servers, limiter):
     assert raised.value.__cause__ is not None
     with pytest.raises(errors.RateLimiterUnavailable):
         limiter.reset("k")
+    assert not limiter.status()[0].answering
     servers[0].start()
     assert limiter.hit("k", 5, 60.0).remaining == 4  # restarted empty
+    assert limiter.status()[0].answering
+    # the outage and the recovery, each told once
+    told = [r.getMessage() for r in _ratelimit_records(caplog)]
+    assert len(told) == 2
+    assert told[0].startswith(f"rate limiter: the primary Redis at {servers[0].url} made no ")
+    assert told[1].startswith(f"rate limiter: the primary Redis at {servers[0].url} answers again")
 
 
 def test_paused_redis_fails_within_the_node_timeout(servers):
-    with RateLimiter(servers[0].url, node_timeout=0.2) as limiter:
+    with RateLimiter(servers[0].url, node_timeout=0.2, retry_interval=0.5) as limiter:
         limiter.hit("k", 5, 60.0)
         servers[0].pause()
+        waited = []
         for call in (limiter.hit, limiter.peek):
             began = time.monotonic()
             with pytest.raises(errors.RateLimiterUnavailable):
-                call("k", 5, 60.0, algorithm="sliding")
-            assert 0.15 < time.monotonic() - began < 1.0
+                call("k", 5, 60.0, algorithm="gcra")
+            waited.append(time.monotonic() - began)
+        # The first call waits out the node timeout; the node is then left
+        # alone (suspect, and skipped for retry_interval), so the next fails at once.
+        assert 0.15 < waited[0] < 1.0
+        assert waited[1] < 0.15
         servers[0].resume()
-        assert limiter.peek("k", 5, 60.0).remaining == 4
+        # Its late replies bring it back.
+        deadline = time.monotonic() + 2.0
+        while True:
+            try:
+                assert limiter.peek("k", 5, 60.0).remaining == 4
+                break
+            except errors.RateLimiterUnavailable:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
 
 
 def test_a_refused_command_is_a_clear_error(limiter, client):
     client.set(limiter.state_key("k", "sliding"), "not a sorted set")
     with pytest.raises(errors.RateLimiterUnavailable, match="WRONGTYPE"):
         limiter.hit("k", 5, 60.0, algorithm="sliding")
+
+
+def test_fail_open_admits_uncounted_and_says_so(servers, caplog):
+    caplog.set_level(logging.INFO, logger="celery_redlock.ratelimit")
+    with RateLimiter(servers[0].url, on_unavailable="allow") as limiter:
+        assert limiter.hit("k", 1, 60.0).allowed
+        assert limiter.hit("k", 1, 60.0).checked
+        servers[0].kill()
+        decisions = [limiter.hit("k", 1, 60.0) for _ in range(5)]
+        assert all(d.allowed and not d.checked and d.node is None for d in decisions)
+        servers[0].start()
+        after = limiter.hit("k", 1, 60.0)
+        assert (after.allowed, after.checked, after.node) == (True, True, servers[0].url)
+    messages = [r.getMessage() for r in _ratelimit_records(caplog)]
+    assert len(messages) == 2
+    assert "admitted unchecked" in messages[0]
+    assert "answers again" in messages[1]
+
+
+def test_a_fallback_decides_while_the_primary_is_down(servers, caplog):
+    caplog.set_level(logging.INFO, logger="celery_redlock.ratelimit")
+    primary, fallback = servers[0], servers[1]
+    with RateLimiter(primary.url, fallback=fallback.url) as limiter:
+        limiter.set_override("capped", "1/m", ttl=60)  # written to both
+        assert limiter.hit("k", 2, 60.0).node == primary.url
+        primary.kill()
+        on_fallback = [limiter.hit("k", 2, 60.0) for _ in range(3)]
+        # counts start again on the fallback, and it keeps the limit
+        assert [(d.allowed, d.node) for d in on_fallback] == [
+            (True, fallback.url),
+            (True, fallback.url),
+            (False, fallback.url),
+        ]
+        assert limiter.hit("capped", "5/m").limits[0].overridden
+        assert [s.answering for s in limiter.status()] == [False, True]
+        with pytest.raises(errors.RateLimiterUnavailable, match="done on the 1 other node"):
+            limiter.reset("k")
+        primary.start()
+        back = limiter.hit("k", 2, 60.0)
+        assert (back.allowed, back.node, back.remaining) == (True, primary.url, 1)
+    messages = [r.getMessage() for r in _ratelimit_records(caplog)]
+    assert len(messages) == 2
+    assert f"decisions go to the fallback Redis at {fallback.url}" in messages[0]
+    assert "answers again" in messages[1]
+
+
+def test_a_paused_primary_costs_one_timeout_then_the_fallback_answers_at_once(servers):
+    primary, fallback = servers[0], servers[1]
+    with RateLimiter(
+        primary.url, fallback=fallback.url, node_timeout=0.2, retry_interval=30.0
+    ) as limiter:
+        limiter.hit("k", 100, 60.0)
+        primary.pause()
+        began = time.monotonic()
+        assert limiter.hit("k", 100, 60.0).node == fallback.url
+        assert 0.15 < time.monotonic() - began < 1.0
+        for _ in range(10):
+            began = time.monotonic()
+            assert limiter.hit("k", 100, 60.0).node == fallback.url
+            assert time.monotonic() - began < 0.1
+        primary.resume()
+
+
+def test_both_down_fails_closed_by_default(servers):
+    with RateLimiter(servers[0].url, fallback=servers[1].url) as limiter:
+        servers[0].kill()
+        servers[1].kill()
+        with pytest.raises(errors.RateLimiterUnavailable) as raised:
+            limiter.hit("k", 2, 60.0)
+        assert servers[0].url in str(raised.value)
+        assert servers[1].url in str(raised.value)
+
+
+# -- the run-start margin -------------------------------------------------------------
+
+
+@each_exact_algorithm
+def test_a_margin_keeps_the_limit_on_work_that_starts_a_little_after_its_decision(
+    servers, algorithm
+):
+    # Each admitted hit "starts" up to 20 ms after its reply; with a margin
+    # of 50 ms the starts still keep the limit in every window of one period.
+    limit, period = 5, 0.5
+    starts: list[tuple[float, float, int]] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + 2.5
+
+    def worker() -> None:
+        with RateLimiter(servers[0].url, margin=0.05) as own:
+            while time.monotonic() < stop:
+                decision = own.hit("margin", limit, period, algorithm=algorithm)
+                if decision.allowed:
+                    time.sleep(random.uniform(0.0, 0.02))
+                    began = time.monotonic()
+                    with lock:
+                        starts.append((began, began, 1))
+                else:
+                    time.sleep(min(decision.retry_after, 0.005))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert most_in_one_window(starts, period, spare=0.0) <= limit
+    assert len(starts) >= limit * 3
+
+
+def test_a_margin_lengthens_the_window(servers):
+    with RateLimiter(servers[0].url, margin=0.5) as limiter:
+        started = time.monotonic()
+        assert limiter.hit("m", 2, 0.2).allowed
+        assert limiter.hit("m", 2, 0.2).allowed
+        retry_after = limiter.hit("m", 2, 0.2).retry_after
+        elapsed = time.monotonic() - started
+        # The window is 0.7 s from the first hit (0.2 without the margin),
+        # less what passed before the third (a loaded machine: tens of ms).
+        assert 0.7 - elapsed - 0.001 < retry_after <= 0.701, (retry_after, elapsed)
+    with RateLimiter(servers[0].url, margin=0.05) as limiter:
+        # one slot is 0.125 s; a second unit could come at once after it
+        assert limiter.hit("g", 2, 0.2, algorithm="gcra").reset_after == 0.25
+
+
+def test_decisions_round_trip_into_the_documented_type(limiter):
+    decision = limiter.hit("k", 5, 60.0)
+    assert isinstance(decision, RateLimitDecision)
+    assert (decision.allowed, decision.limit, decision.remaining) == (True, 5, 4)
+    assert decision.retry_after == 0.0
+    assert 59.9 < decision.reset_after <= 60.06

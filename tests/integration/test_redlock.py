@@ -11,7 +11,7 @@ import redis
 
 from celery_redlock import Redlock, errors
 from celery_redlock.testing import RedisServer
-from tests.utils import all_topologies, evalsha_calls
+from tests.support import all_topologies, landed_everywhere, script_runs
 
 pytestmark = pytest.mark.integration
 
@@ -200,13 +200,13 @@ def test_a_failed_attempt_undoes_only_where_its_token_may_be(servers, make_redlo
         server.client().set(redlock.key("busy"), "someone-else", px=5000)
     for server in nodes[1:]:
         server.client().set(redlock.key("partial"), "someone-else", px=5000)
-    before = [evalsha_calls(node) for node in nodes]
+    before = [script_runs(node) for node in nodes]
     # Busy everywhere: one round trip, nothing to undo.
     assert not redlock.lock("busy", ttl=2.0).acquire(blocking=False)
-    assert [evalsha_calls(node) - b for node, b in zip(nodes, before, strict=True)] == [1, 1, 1]
+    assert [script_runs(node) - b for node, b in zip(nodes, before, strict=True)] == [1, 1, 1]
     # Granted on node 0 only: the undo goes there alone.
     assert not redlock.lock("partial", ttl=2.0).acquire(blocking=False)
-    assert [evalsha_calls(node) - b for node, b in zip(nodes, before, strict=True)] == [3, 2, 2]
+    assert [script_runs(node) - b for node, b in zip(nodes, before, strict=True)] == [3, 2, 2]
     assert nodes[0].client().get(redlock.key("partial")) is None
 
 
@@ -228,12 +228,48 @@ def test_fencing_tokens_increase_through_a_node_restarted_empty(servers, make_re
     assert all(b > a for a, b in itertools.pairwise(tokens)), tokens
 
 
-def test_fencing_counter_has_a_ttl(servers, make_redlock):
+def test_fencing_bucket_has_a_ttl(servers, make_redlock):
     redlock = make_redlock(servers[:1], fence_ttl=3600.0)
     lock = redlock.lock("k", ttl=2.0)
     with lock, servers[0].client() as client:
-        ttl = client.pttl(redlock.key("k") + ":fence")
+        ttl = client.pttl(redlock.keys("k").fence)
     assert 3_500_000 < ttl <= 3_600_000
+
+
+def test_an_acquisition_in_the_steady_state_is_one_round_trip(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    for _ in range(3):  # learns the nodes' clocks; the bucket exists
+        with redlock.lock("k", ttl=2.0):
+            pass
+    before = [script_runs(node) for node in nodes]
+    tokens = []
+    for _ in range(20):
+        lock = redlock.lock("k", ttl=2.0)
+        assert lock.acquire(blocking=False)
+        tokens.append(lock.fencing_token)
+        assert lock.release()
+    # One acquire and one release script per node per pair: no fencing round.
+    assert [script_runs(node) - b for node, b in zip(nodes, before, strict=True)] == [40] * 3
+    assert all(b > a for a, b in itertools.pairwise(tokens)), tokens
+
+
+def test_ten_thousand_names_leave_at_most_1024_fencing_keys_per_node(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    held = redlock.lock("still-held", ttl=60.0)
+    assert held.acquire(blocking=False)
+    for n in range(10_000):
+        lock = redlock.lock(f"sync-user:{n}", ttl=5.0)
+        assert lock.acquire(timeout=5.0)  # a node slow for a moment is asked again
+        assert lock.release()
+    for node in nodes:
+        with node.client() as client:
+            keys = client.dbsize()
+            fences = sum(1 for _ in client.scan_iter(match="redlock:fence:*", count=1000))
+        assert fences <= 1024
+        assert keys <= 1024 + 1  # the buckets and the one lock still held
+    assert held.release()
 
 
 def test_blocked_waiter_takes_over_within_50_ms_of_release(servers, make_redlock):
@@ -327,8 +363,13 @@ def test_thousand_pairs_leave_no_key_behind(servers, make_redlock):
     redlock = make_redlock(nodes)
     for i in range(1000):
         lock = redlock.lock(f"pair:{i % 7}", ttl=5.0)
-        assert lock.acquire(blocking=False)
+        assert lock.acquire(timeout=5.0)  # a node slow for a moment is asked again
         lock.release()
+    # The last release returned once a majority had it: let the third part land.
+    deadline = time.monotonic() + 5.0
+    while lock_keys(nodes) and time.monotonic() < deadline:
+        redlock.inspect("pair:0")  # the links move only when a call drives them
+        time.sleep(0.01)
     assert lock_keys(nodes) == []
 
 
@@ -396,24 +437,22 @@ def test_clients_and_unix_sockets_and_passwords_as_nodes(tmp_path):
         wrong.close()
 
 
-def hash_tag(key: str) -> str:
-    """The part of a key Redis Cluster hashes (its rules, applied literally)."""
-    start = key.find("{")
-    end = key.find("}", start + 1)
-    if start == -1 or end == -1 or end == start + 1:
-        return key
-    return key[start + 1 : end]
-
-
-def test_keys_share_a_cluster_hash_tag(make_redlock, servers):
+def test_a_lock_writes_its_key_and_one_shared_fencing_bucket(make_redlock, servers):
     redlock = make_redlock(servers[:1], key_prefix="app1:")
-    with redlock.lock("user:7", ttl=2.0), servers[0].client() as client:
+    with redlock.lock("user:7", ttl=2.0) as lock, servers[0].client() as client:
         keys = sorted(k.decode() for k in client.keys("app1:*"))
-    assert keys == ["app1:{user:7}", "app1:{user:7}:fence"]
-    assert {hash_tag(key) for key in keys} == {"user:7"}
-    # A name with braces of its own still keeps the lock and its helpers together.
-    odd = redlock.key("a}b{c")
-    assert hash_tag(odd) == hash_tag(odd + ":fence") == hash_tag(odd + ":released")
+        token = lock.fencing_token
+    bucket = redlock.keys("user:7").fence
+    assert keys == sorted(["app1:{user:7}", bucket])
+    assert bucket.startswith("app1:fence:")
+    assert 0 <= int(bucket.rsplit(":", 1)[1]) < 1024
+    with servers[0].client() as client:
+        assert [k.decode() for k in client.keys("app1:*")] == [bucket]
+    # The CLI reads the bucket through the Redlock, not by key.
+    assert redlock.fencing_value("user:7") >= token
+    assert redlock.fencing_values(["user:7", "never-used"]) == {
+        "user:7": redlock.fencing_value("user:7")
+    }
 
 
 def test_connections_are_reused_in_a_process_with_many_open_files(servers, make_redlock):
@@ -438,3 +477,209 @@ def test_connections_are_reused_in_a_process_with_many_open_files(servers, make_
         for handle in files:
             handle.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# -- outages, losses and what the Lock API says about them ---------------------------
+
+
+def test_extend_during_an_outage_keeps_a_valid_lock_and_says_quorum_unavailable(
+    servers, make_redlock
+):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    lock = redlock.lock("k", ttl=5.0)
+    assert lock.acquire(blocking=False)
+    held = lock.value
+    nodes[1].pause()
+    nodes[2].pause()
+    try:
+        with pytest.raises(errors.QuorumUnavailable) as raised:
+            lock.extend()
+        assert not isinstance(raised.value, errors.LockLost)
+        assert raised.value.answered == 1
+        assert "'k'" in str(raised.value)
+        assert lock.locked()
+        assert lock.value == held
+    finally:
+        nodes[1].resume()
+        nodes[2].resume()
+    lock.extend()  # the nodes are back: the lock was never given up
+    assert lock.locked()
+    assert lock.release() is True
+
+
+def test_release_during_an_outage_of_a_still_valid_lock_is_not_a_loss(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    lock = redlock.lock("k", ttl=2.0)
+    assert lock.acquire(blocking=False)
+    nodes[1].pause()
+    nodes[2].pause()
+    try:
+        assert lock.release() is True
+        assert lock.lost_reason is None
+    finally:
+        nodes[1].resume()
+        nodes[2].resume()
+
+
+def test_extend_of_a_lock_deleted_on_a_majority_is_lost_and_says_what_happened(
+    servers, make_redlock
+):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    lock = redlock.lock("k", ttl=5.0)
+    assert lock.acquire(blocking=False)
+    with nodes[0].client() as client:
+        client.delete(redlock.key("k"))
+    with nodes[1].client() as client:
+        client.set(redlock.key("k"), "another-owner", px=5000)
+    with pytest.raises(errors.LockLost) as raised:
+        lock.extend()
+    message = str(raised.value)
+    assert "1 of 3 nodes held it (2 needed)" in message
+    assert "gone from 1 node" in message
+    assert "taken over by another owner on 1 node" in message
+    assert not lock.locked()
+    with nodes[1].client() as client:
+        assert client.get(redlock.key("k")) == b"another-owner"
+    assert lock_keys(nodes) == ["redlock:{k}"]  # only the other owner's key is left
+
+
+def test_with_block_raises_lock_lost_when_the_release_finds_the_lock_gone(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+
+    def wipe() -> None:
+        for node in nodes:
+            with node.client() as client:
+                client.delete(redlock.key("k"))
+
+    def block(fail: bool) -> None:
+        with redlock.lock("k", ttl=5.0):
+            wipe()
+            if fail:
+                raise ZeroDivisionError
+
+    with pytest.raises(errors.LockLost) as raised:
+        block(fail=False)
+    assert "'k'" in str(raised.value)
+    # A block that raises keeps its own exception.
+    with pytest.raises(ZeroDivisionError):
+        block(fail=True)
+
+
+def test_extend_with_a_ttl_changes_the_current_hold_only(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    lock = redlock.lock("k", ttl=2.0)
+    assert lock.acquire(blocking=False)
+    lock.extend(10.0)
+    assert lock.validity > 9.0
+    assert lock.ttl == 2.0
+    with nodes[0].client() as client:
+        assert client.pttl(redlock.key("k")) > 9000
+    lock.extend()
+    assert lock.validity <= 2.0
+    assert lock.release()
+    assert lock.acquire(blocking=False)
+    with nodes[0].client() as client:
+        assert client.pttl(redlock.key("k")) <= 2000
+    assert lock.release()
+
+
+def test_a_lock_is_extended_and_released_from_another_object_by_its_token(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    elsewhere = make_redlock(nodes)  # another process, in effect
+    lock = redlock.lock("k", ttl=2.0, owner="job-7")
+    assert lock.acquire(blocking=False)
+    adopted = elsewhere.lock("k", ttl=5.0, token=lock.value)
+    assert adopted.owner == "job-7"
+    assert not adopted.locked()  # validity unknown until confirmed
+    adopted.extend()
+    assert adopted.locked()
+    assert 4.8 < adopted.validity <= 5.0
+    with nodes[0].client() as client:
+        assert client.pttl(redlock.key("k")) > 4000
+    assert adopted.release() is True
+    assert lock_keys(nodes) == []
+    # A wrong token extends nothing.
+    stranger = elsewhere.lock("k", ttl=5.0, token="0" * 32)
+    with pytest.raises(errors.LockLost):
+        stranger.extend()
+
+
+def test_extend_places_the_key_on_a_node_that_came_back(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    nodes[2].kill()
+    lock = redlock.lock("k", ttl=5.0)
+    assert lock.acquire(blocking=False)  # on nodes 0 and 1 only
+    nodes[2].start()
+    lock.extend()
+    # extend() returns once a majority confirmed: node 2, reconnecting, may
+    # answer after that, its new connection sending the script's source.
+    landed_everywhere(redlock, "k")
+    with nodes[2].client() as client:
+        assert client.get(redlock.key("k")) == lock.value.encode()
+    nodes[0].kill()
+    lock.extend()  # nodes 1 and 2: still a majority
+    assert lock.locked()
+    assert lock.release() is True
+
+
+def test_a_late_extend_places_the_key_on_a_node_restarted_empty(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    nodes[2].kill()
+    lock = redlock.lock("k", ttl=30.0)
+    assert lock.acquire(blocking=False)  # on nodes 0 and 1 only
+    nodes[2].start()  # empty: no key, no script
+    nodes[2].pause()
+    try:
+        lock.extend()  # decided by nodes 0 and 1; node 2's part is not waited for
+        assert lock.locked()
+    finally:
+        nodes[2].resume()
+    # No further call: the part already sent (or sent by the flusher) runs
+    # once node 2 reads it, its script's source going with it on the new
+    # connection.
+    deadline = time.monotonic() + 5.0
+    with nodes[2].client() as client:
+        while client.get(redlock.key("k")) != lock.value.encode():
+            assert time.monotonic() < deadline, "the late extend never placed the key"
+            time.sleep(0.01)
+    assert lock.release() is True
+
+
+def test_extend_never_places_the_key_over_another_owner(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    with nodes[2].client() as client:
+        client.set(redlock.key("k"), "another-owner", px=10_000)
+    lock = redlock.lock("k", ttl=5.0)
+    assert lock.acquire(blocking=False)
+    lock.extend()
+    with nodes[2].client() as client:
+        assert client.get(redlock.key("k")) == b"another-owner"
+    assert lock.release()
+
+
+def test_renewal_that_finds_the_key_overwritten_with_another_type_is_lost(servers, make_redlock):
+    from celery_redlock.redlock import LOST
+
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    lock = redlock.lock("k", ttl=5.0)
+    assert lock.acquire(blocking=False)
+    for node in nodes[:2]:
+        with node.client() as client:
+            client.delete(redlock.key("k"))
+            client.rpush(redlock.key("k"), "someone")
+    assert redlock.renew([lock]) == [LOST]
+    assert "taken over by another owner on 2 nodes" in lock.lost_reason
+    assert not lock.locked()
+    for node in nodes[:2]:
+        with node.client() as client:
+            assert client.lrange(redlock.key("k"), 0, -1) == [b"someone"]

@@ -84,6 +84,31 @@ def test_busy_rate_limited_and_duplicates_count_by_action(registry):
     assert sample(registry, duplicates, task="reports.nightly", where="worker") == 1
 
 
+def test_slot_waits_holds_and_busy_runs_per_task(registry):
+    signals.slot_acquired.send(
+        sender=FakeTask, task_id="t1", key="export:acme", limit=3, slot=0, waited=0.002
+    )
+    signals.slot_acquired.send(
+        sender=FakeTask, task_id="t2", key="export:acme", limit=3, slot=1, waited=4.0
+    )
+    signals.slot_released.send(sender=FakeTask, task_id="t1", key="export:acme", held=0.3)
+    for action in ("retry", "retry", "skip"):
+        signals.slot_busy.send(
+            sender=FakeTask, task_id="t3", key="export:acme", limit=3, waited=5.0, action=action
+        )
+
+    wait = "celery_redlock_slot_wait_seconds"
+    assert sample(registry, f"{wait}_count", task="crm.sync") == 2
+    assert sample(registry, f"{wait}_bucket", task="crm.sync", le="0.0025") == 1
+    assert sample(registry, f"{wait}_sum", task="crm.sync") == pytest.approx(4.002)
+    assert sample(registry, "celery_redlock_slot_held_seconds_sum", task="crm.sync") == 0.3
+    busy = "celery_redlock_slot_busy_total"
+    assert sample(registry, busy, task="crm.sync", action="retry") == 2
+    assert sample(registry, busy, task="crm.sync", action="skip") == 1
+    # Slots are not locks: the lock metrics did not move.
+    assert sample(registry, "celery_redlock_lock_wait_seconds_count", task="crm.sync") is None
+
+
 @pytest.mark.parametrize(
     ("reason", "label"),
     [
@@ -181,3 +206,21 @@ def test_install_with_log_events_logs_until_disconnected(caplog):
     assert len(records) == 1
     assert records[0].where == "beat"
     assert "duplicate_suppressed task_name=reports.nightly" in records[0].getMessage()
+
+
+def test_debounced_publishes_and_superseded_copies_are_counted(registry):
+    for n in range(3):
+        signals.debounce_published.send(
+            sender=FakeTask, task_id=f"t{n}", key="debounce:crm.sync", delay=5.0, recorded=True
+        )
+    signals.debounce_published.send(
+        sender=FakeTask, task_id="t3", key="debounce:crm.sync", delay=5.0, recorded=False
+    )
+    signals.debounce_superseded.send(
+        sender=FakeTask, task_id="t0", key="debounce:crm.sync", latest="t3"
+    )
+
+    published = "celery_redlock_debounce_published_total"
+    assert sample(registry, published, task="crm.sync", recorded="true") == 3
+    assert sample(registry, published, task="crm.sync", recorded="false") == 1
+    assert sample(registry, "celery_redlock_debounce_superseded_total", task="crm.sync") == 1

@@ -20,10 +20,7 @@ from kombu import Connection, Queue
 from celery_redlock import config
 from celery_redlock.testing import RedisServer
 
-from .conftest import in_process_worker
-from .taskapp import create_app
-from .test_locked_task import overlaps
-from .test_rate_limited_task import most_in_any_window, run_times
+from .support import create_app, in_process_worker, most_in_any_window, overlaps, run_times
 
 pytestmark = [pytest.mark.celery, pytest.mark.rabbitmq]
 

