@@ -10,7 +10,7 @@ away.
 Timeline (lock ttl 0.5 s):
 
     A  acquires, token n  ...... pauses for 1 s ...... wakes, writes with n    -> rejected
-    B             waits ... lease expires: acquires, token n+1, writes       -> accepted
+    B             waits ... lease expires: acquires, token m > n, writes     -> accepted
 
     python examples/fencing_store.py                     # local redis-server nodes
     python examples/fencing_store.py --nodes URL URL URL

@@ -1,7 +1,8 @@
 """Per-user sync with LockedTask: one sync per user at a time, users in parallel.
 
 Five syncs are queued at once: three for user 1, two for user 2. The lock key
-``sync-user:{user_id}`` makes syncs of one user wait for each other, while
+``sync-user:{user_id}`` makes syncs of one user wait for each other (a sync
+that finds the lock busy is re-queued until it is free), while
 different users sync side by side. Each sync takes longer than the lock's
 1-second ttl; ``self.heartbeat()`` after every page keeps the lock alive.
 
@@ -39,7 +40,6 @@ def create_app(broker: str, nodes: list[str]) -> Any:
         shared=False,
         lock_key="sync-user:{user_id}",
         lock_ttl=1.0,  # short, to show the heartbeat at work; minutes in real life
-        lock_timeout=30,  # wait for the user's running sync instead of re-queueing
         lock_progress_timeout=5,  # a sync stuck for 5 s without a page loses its lock
     )
     def sync_user(self: Any, user_id: int) -> int:

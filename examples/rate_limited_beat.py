@@ -35,13 +35,15 @@ LIMIT = 5  # calls per second
 class PriceAPI:
     """Stands in for the external API: records each call, and refuses any over its limit.
 
-    Like a real API it measures on its own side, so it allows ``slack``
-    seconds for the time between our limiter's decision and the call.
+    Like a real API it measures on its own side, when each call arrives: in
+    every window of one period, at most ``limit`` calls. The limiter's margin
+    (``redlock_rate_limit_margin``, 50 ms) covers the moment between its
+    decision and the call.
     """
 
-    def __init__(self, limit: int, period: float = 1.0, slack: float = 0.1) -> None:
+    def __init__(self, limit: int, period: float = 1.0) -> None:
         self.limit = limit
-        self.window = period - slack
+        self.window = period
         self.calls: list[tuple[float, str, str]] = []  # (time, symbol, task id)
         self.refused = 0
         self._mutex = threading.Lock()
@@ -79,9 +81,6 @@ def create_app(broker: str, nodes: list[str]) -> Any:
         shared=False,
         global_rate_limit=f"{LIMIT}/s",
         rate_limit_key="prices-api",  # one budget for every task calling this API
-        # "sliding": never more than LIMIT in any one second. The default
-        # "fixed" window can admit up to twice the limit across a window's edge.
-        rate_limit_algorithm="sliding",
     )
     def fetch_price(self: Any, symbol: str) -> float:
         return api.quote(symbol, self.request.id)

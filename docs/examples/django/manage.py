@@ -1,0 +1,10 @@
+"""manage.py: Django's command line for the example project."""
+
+import os
+import sys
+
+if __name__ == "__main__":
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "proj.settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
