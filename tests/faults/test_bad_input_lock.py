@@ -81,7 +81,9 @@ def start(spare_servers: list[RedisServer], *extra_args: str) -> RedisServer:
 
 
 def test_a_one_megabyte_name_works_and_leaves_nothing_behind(nodes, make_redlock):
-    redlock = make_redlock(nodes)
+    # 1 MB to each of 3 nodes per call: a loaded machine can take longer than
+    # the default 50 ms node timeout, and this test is about the name.
+    redlock = make_redlock(nodes, node_timeout=2.0)
     name = "n" * MEGABYTE
     lock = redlock.lock(name, ttl=5.0)
     assert lock.acquire(blocking=False)
