@@ -19,6 +19,9 @@ from celery_redlock.testing import RedisServer
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
 TTL = 1.0
+#: Room for a node just restarted (or writing every command to disk) on a
+#: loaded machine: these tests are about which tokens nodes record, not latency.
+NODE_TIMEOUT = 0.3
 #: Longer than every ttl in use (and than node_timeout plus clock skew).
 RESTART_DELAY = TTL + 0.2
 
@@ -55,7 +58,7 @@ def restart_empty(*servers: RedisServer) -> None:
 
 def test_a_busy_node_whose_bucket_equals_the_token_is_not_agreement(servers, make_redlock):
     a, b, c = list(servers)[:3]
-    redlock = make_redlock([a, b, c])
+    redlock = make_redlock([a, b, c], node_timeout=NODE_TIMEOUT)
     tokens = [take(redlock) for _ in range(3)]
     # L1 is granted by a and b; c answers busy and keeps its older value.
     busy(c, redlock)
@@ -83,7 +86,7 @@ def persistent() -> Iterator[RedisServer]:
 def test_crashes_alone_never_repeat_a_token(servers, persistent, make_redlock):
     a, b = list(servers)[:2]
     c = persistent
-    redlock = make_redlock([a, b, c])
+    redlock = make_redlock([a, b, c], node_timeout=NODE_TIMEOUT)
     tokens = [take(redlock) for _ in range(3)]
     # An acquisition returns once a majority granted; c, which writes every
     # command to disk first, may still be working through them.
@@ -108,7 +111,7 @@ def test_crashes_alone_never_repeat_a_token(servers, persistent, make_redlock):
 
 def test_a_hold_outliving_its_fencing_buckets_keeps_tokens_increasing(servers, make_redlock):
     nodes = list(servers)[:3]
-    redlock = make_redlock(nodes)
+    redlock = make_redlock(nodes, node_timeout=NODE_TIMEOUT)
     tokens = [take(redlock) for _ in range(3)]
     holder = redlock.lock("k", ttl=TTL)
     assert holder.acquire(blocking=False)
@@ -137,7 +140,7 @@ def test_two_of_three_nodes_wiped_after_a_delayed_restart(servers, make_redlock)
     # their clocks, which a delayed restart has carried past every token
     # issued before (node clocks within the restart delay of each other).
     a, b, c = list(servers)[:3]
-    redlock = make_redlock([a, b, c])
+    redlock = make_redlock([a, b, c], node_timeout=NODE_TIMEOUT)
     tokens = [take(redlock) for _ in range(3)]
     restart_empty(a, b)
     busy(c, redlock)  # c, which remembers, does not take part
@@ -149,7 +152,7 @@ def test_two_of_three_nodes_wiped_after_a_delayed_restart(servers, make_redlock)
 
 def test_names_sharing_a_bucket_each_keep_increasing(servers, make_redlock):
     nodes = list(servers)[:3]
-    redlock = make_redlock(nodes)
+    redlock = make_redlock(nodes, node_timeout=NODE_TIMEOUT)
     first = "a"
     # Another name that lands in the same bucket.
     second = next(

@@ -505,9 +505,15 @@ def create_app(
                 return {"lost": True, "reason": str(exc)}
         return {"lost": self.lock_lost, "reason": None}
 
-    @task(bind=True, name="t.block")
+    @task(bind=True, name="t.block", acks_late=True)
     def block(self: Any, key: str) -> None:
-        """Hold a pool slot until the test pushes a token to ``release:<key>``."""
+        """Hold a pool slot until the test pushes a token to ``release:<key>``.
+
+        Acknowledged when it ends, so the worker's prefetch (concurrency times 1)
+        counts it while it runs: with early acks a worker whose threads are
+        all blocked may reserve as many again, and N blockers need not land
+        one per slot of every worker.
+        """
         witness.event("block-start", key, self.request.id)
         witness.client.blpop([f"release:{key}"], timeout=60)
 
