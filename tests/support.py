@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,21 @@ TOPOLOGIES = [
 
 #: Run a test on every node topology: ``def test_x(topology): ...``
 all_topologies = pytest.mark.parametrize("topology", TOPOLOGIES, indirect=True)
+
+
+def with_node_timeout(make: Callable[..., Redlock], node_timeout: float) -> Callable[..., Redlock]:
+    """``make`` (the ``make_redlock`` fixture) with ``node_timeout`` unless a call gives one.
+
+    For tests about what the lock does with an input, not about timing: on a
+    machine running several test processes on two cores, a call can miss the
+    50 ms default by scheduling delay alone.
+    """
+
+    def made(nodes: list[str] | list[RedisServer], **kwargs: object) -> Redlock:
+        kwargs.setdefault("node_timeout", node_timeout)
+        return make(nodes, **kwargs)
+
+    return made
 
 
 def landed_everywhere(redlock: Redlock, *names: str, timeout: float = 5.0) -> None:

@@ -19,6 +19,8 @@ from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 from celery_redlock import Redlock, errors
 from celery_redlock.testing import RedisServer
 
+from ..support import with_node_timeout
+
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
 MEGABYTE = 1024 * 1024
@@ -60,6 +62,13 @@ def all_keys(nodes) -> list[bytes]:
 @pytest.fixture
 def nodes(servers) -> list[RedisServer]:
     return list(servers)[:3]
+
+
+@pytest.fixture
+def make_redlock(make_redlock):
+    # These tests are about input, not timing: a node timeout no scheduling
+    # delay of a loaded machine reaches, unless a test sets its own.
+    return with_node_timeout(make_redlock, 0.3)
 
 
 @pytest.fixture

@@ -24,6 +24,8 @@ from celery_redlock import Redlock, _wakeup, errors
 from celery_redlock._scripts import load
 from celery_redlock.testing import RedisServer, ServerStartError, free_port
 
+from ..support import with_node_timeout
+
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
 PACKAGE = Path(celery_redlock.__file__).parent
@@ -32,6 +34,13 @@ PACKAGE = Path(celery_redlock.__file__).parent
 @pytest.fixture
 def nodes(servers) -> list[RedisServer]:
     return list(servers)[:3]
+
+
+@pytest.fixture
+def make_redlock(make_redlock):
+    # These tests are about input, not timing: a node timeout no scheduling
+    # delay of a loaded machine reaches, unless a test sets its own.
+    return with_node_timeout(make_redlock, 0.3)
 
 
 def stored(nodes, redlock: Redlock, name: str) -> list[bytes | None]:
@@ -154,7 +163,7 @@ def test_release_by_owner_never_frees_a_later_run_of_the_same_task_id(nodes, mak
     # A task whose process died, re-delivered and now running in another
     # process with the same task id: cleaning up after the dead run must
     # leave the live one holding its lock.
-    redlock = make_redlock(nodes)
+    redlock = make_redlock(nodes, node_timeout=0.1)  # a ttl of 0.3 s needs less than 0.15
     dead_run = redlock.lock("k", ttl=0.3, owner="task-1|host-a:100")
     assert dead_run.acquire(blocking=False)
     time.sleep(0.35)  # the dead run's lock expires
