@@ -36,8 +36,11 @@ def critical_sections(redlock: Redlock, witness_url: str, count: int) -> None:
 def test_processes_never_overlap_while_a_node_is_killed(servers, witness):
     nodes = servers[:3]
     # Built before the fork: every child must open connections of its own.
-    redlock = Redlock([node.url for node in nodes])
-    with redlock.lock("warm-up", ttl=1.0):
+    # Five processes on a loaded machine: a node timeout no scheduling delay
+    # reaches (three misses in a row end a blocking acquire); this test is
+    # about mutual exclusion.
+    redlock = Redlock([node.url for node in nodes], node_timeout=0.5)
+    with redlock.lock("warm-up", ttl=2.0):
         pass
     context = multiprocessing.get_context("fork")
     processes = [
