@@ -29,7 +29,7 @@ from celery import Celery
 from celery.beat import Scheduler
 from celery.contrib.testing.worker import start_worker
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
-from celery.signals import after_task_publish, worker_ready
+from celery.signals import after_task_publish, task_prerun, worker_ready
 
 from celery_redlock import LockedTask, Redlock, setup
 from celery_redlock.errors import LockLost
@@ -39,6 +39,16 @@ from celery_redlock.testing import RedisServer
 
 #: The repository's root: where ``celery -A tests.worker.support`` runs.
 ROOT = Path(__file__).resolve().parents[2]
+
+#: The apps' redlock_node_timeout: the 50 ms default is less than a loaded CI
+#: machine's scheduling delay (seen: a first call's three connections not all
+#: opened in time). Below half the shortest lifetime the tasks use (a 0.5 s
+#: beat window), and tests about timeouts set their own.
+APP_NODE_TIMEOUT = 0.2
+
+#: The node timeout of the tests' own looks at the nodes (free_now, free_slots):
+#: they check what the workers did, not how fast a node answers.
+LOOK_NODE_TIMEOUT = 1.0
 
 
 class Witness:
@@ -76,6 +86,7 @@ def create_app(
     app.conf.update(
         redlock_nodes=nodes,
         redlock_key_prefix="t:",
+        redlock_node_timeout=APP_NODE_TIMEOUT,
         worker_hijack_root_logger=False,
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
@@ -671,13 +682,25 @@ def overlaps(events: list[list[str]]) -> int:
     return found
 
 
-def free_slots(nodes: list[RedisServer], key: str, limit: int, prefix: str = "t:") -> int:
+def looker(nodes: list[RedisServer], prefix: str = "t:") -> Redlock:
+    """A Redlock for the tests' looks at the nodes: a node timeout no loaded machine reaches."""
+    return Redlock([node.url for node in nodes], key_prefix=prefix, node_timeout=LOOK_NODE_TIMEOUT)
+
+
+def free_slots(
+    nodes: list[RedisServer],
+    key: str,
+    limit: int,
+    prefix: str = "t:",
+    redlock: Redlock | None = None,
+) -> int:
     """How many of the ``limit`` slots of semaphore ``key`` a fresh owner can take right now."""
-    redlock = Redlock([node.url for node in nodes], key_prefix=prefix)
+    own = redlock is None
+    looking = looker(nodes, prefix) if redlock is None else redlock
     taken = []
     try:
         for _ in range(limit):
-            slot = redlock.semaphore(key, limit, ttl=5)
+            slot = looking.semaphore(key, limit, ttl=5)
             if not slot.acquire(blocking=False):
                 break
             taken.append(slot)
@@ -685,21 +708,25 @@ def free_slots(nodes: list[RedisServer], key: str, limit: int, prefix: str = "t:
     finally:
         for slot in taken:
             slot.release()
-        redlock.close()
+        if own:
+            looking.close()
 
 
 def wait_slots_free(nodes: list[RedisServer], key: str, limit: int, timeout: float) -> float:
     """Seconds until all ``limit`` slots of ``key`` could be taken; fails after ``timeout``.
 
-    Counted to the start of the look that found them free (a look on a busy
-    machine can take a while; the slots were free when it began).
+    Counted to the end of the look that found them free (they were free by
+    then); the looks share their connections, so a look is quick.
     """
     started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        looked = time.monotonic()
-        if free_slots(nodes, key, limit) == limit:
-            return looked - started
-        time.sleep(0.05)
+    redlock = looker(nodes)
+    try:
+        while time.monotonic() - started < timeout:
+            if free_slots(nodes, key, limit, redlock=redlock) == limit:
+                return time.monotonic() - started
+            time.sleep(0.05)
+    finally:
+        redlock.close()
     raise AssertionError(f"semaphore {key!r} still has slots held after {timeout} s")
 
 
@@ -723,27 +750,89 @@ def most_at_once(events: list[list[str]], key: str) -> int:
     return most
 
 
-def free_now(nodes: list[RedisServer], key: str, prefix: str = "t:") -> bool:
+def free_now(
+    nodes: list[RedisServer], key: str, prefix: str = "t:", redlock: Redlock | None = None
+) -> bool:
     """Whether a fresh owner can take lock ``key`` right now."""
-    redlock = Redlock([node.url for node in nodes], key_prefix=prefix)
+    looking = looker(nodes, prefix) if redlock is None else redlock
     try:
-        lock = redlock.lock(key, ttl=5)
+        lock = looking.lock(key, ttl=5)
         taken = lock.acquire(blocking=False)
         if taken:
             lock.release()
         return taken
     finally:
-        redlock.close()
+        if redlock is None:
+            looking.close()
 
 
 def wait_free(nodes: list[RedisServer], key: str, timeout: float) -> float:
-    """Seconds until lock ``key`` could be taken; fails after ``timeout``."""
+    """Seconds until lock ``key`` could be taken (to that look's end); fails after ``timeout``."""
     started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if free_now(nodes, key):
-            return time.monotonic() - started
-        time.sleep(0.05)
+    redlock = looker(nodes)  # one for all the looks: no connecting on each
+    try:
+        while time.monotonic() - started < timeout:
+            if free_now(nodes, key, redlock=redlock):
+                return time.monotonic() - started
+            time.sleep(0.05)
+    finally:
+        redlock.close()
     raise AssertionError(f"lock {key!r} still held after {timeout} s")
+
+
+def note_prerun(witness: Witness, task_id: str | None) -> None:
+    """Record that a delivery of ``task_id`` is about to be called (in ``preruns``)."""
+    witness.client.rpush("preruns", f"{task_id} {time.monotonic():.6f}")
+
+
+@contextlib.contextmanager
+def preruns_noted(app: Celery) -> Iterator[None]:
+    """Note each delivery of ``app``'s tasks in this process (a worker subprocess always does)."""
+
+    def note(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            note_prerun(app.witness, task_id)
+
+    task_prerun.connect(note, weak=False)
+    try:
+        yield
+    finally:
+        task_prerun.disconnect(note)
+
+
+def admissions(app: Celery, kind: str, key: str) -> list[tuple[float, float]]:
+    """When each run of ``key`` (events ``kind``) was let in by its limits, as a bracket.
+
+    A run is admitted after its delivery's task_prerun (:func:`preruns_noted`)
+    and before its body records its start; a thread descheduled in between
+    only widens the bracket, it never moves it.
+    """
+    preruns: dict[str, list[float]] = {}
+    for entry in app.witness.client.lrange("preruns", 0, -1):
+        task_id, at = entry.decode().split()
+        preruns.setdefault(task_id, []).append(float(at))
+    found = []
+    for event in app.witness.events():
+        if event[0] == kind and event[1] == key:
+            start = float(event[3])
+            found.append((max(at for at in preruns[event[2]] if at <= start), start))
+    return found
+
+
+def surely_within(brackets: list[tuple[float, float]], count: int, window: float) -> list[float]:
+    """``count`` admissions that fell within less than ``window`` whatever their lateness, if any.
+
+    Returned as the bracket's ends (earliest prerun, latest start); empty when
+    no ``count`` brackets fit in ``window`` together.
+    """
+    for i, (earliest, start) in enumerate(brackets):
+        # Anchored on this bracket's prerun: the others admitted no sooner, soonest started.
+        others = sorted(s for j, (p, s) in enumerate(brackets) if j != i and p >= earliest)
+        if len(others) >= count - 1:
+            latest = max([start, *others[: count - 1]])
+            if latest - earliest < window:
+                return [earliest, latest]
+    return []
 
 
 def run_times(app: Celery, key: str) -> list[float]:
@@ -974,6 +1063,10 @@ if "CR_BROKER" in os.environ:
     @lock_busy.connect(weak=False)
     def note_busy(sender: Any = None, task_id: Any = None, key: Any = None, **_: Any) -> None:
         app.witness.event("busy", str(key), task_id)
+
+    @task_prerun.connect(weak=False)
+    def note_delivery(task_id: str | None = None, **_: Any) -> None:
+        note_prerun(app.witness, task_id)
 
     @worker_ready.connect(weak=False)
     def announce_ready(sender: Any = None, **_: Any) -> None:

@@ -25,8 +25,12 @@ pytestmark = pytest.mark.celery
 
 @pytest.fixture
 def holder(lock_nodes: list[RedisServer]) -> Iterator[Redlock]:
-    """A Redlock of the test's own, on the workers' nodes, to hold a task's lock."""
-    redlock = Redlock([node.url for node in lock_nodes], key_prefix="t:")
+    """A Redlock of the test's own, on the workers' nodes, to hold a task's lock.
+
+    Its node timeout is above a loaded machine's scheduling delay: a hold or
+    release that timed out would change what the workers find.
+    """
+    redlock = Redlock([node.url for node in lock_nodes], key_prefix="t:", node_timeout=1.0)
     yield redlock
     redlock.close()
 
@@ -79,7 +83,6 @@ def test_six_same_user_syncs_with_default_settings_all_succeed_one_at_a_time(
     task = app.tasks["t.sync_user"]
     assert task.max_retries == 3
     running = holder.lock("sync-user:7", ttl=60)
-    assert running.acquire(blocking=False)
     if pool == "prefork":
         worker_process(concurrency=3)
         worker = None
@@ -87,6 +90,8 @@ def test_six_same_user_syncs_with_default_settings_all_succeed_one_at_a_time(
         worker = in_process_worker(app, "threads", concurrency=6)
         worker.__enter__()
     try:
+        # Taken once the worker is up: a slow start spends none of its ttl.
+        assert running.acquire(blocking=False)
         results = [task.delay(7) for _ in range(6)]
         wait_busy(app, "sync-user:7", [result.id for result in results])
         running.release()

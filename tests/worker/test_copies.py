@@ -269,7 +269,8 @@ def test_a_group_with_two_identical_singletons_ends_with_one_run(
     add_tasks(app)
     single = app.tasks["c.single"]
     with in_process_worker(app, "threads"):
-        result = group(single.s(2, 0.5), single.s(2, 0.5)).apply_async()
+        # Runs of 2 s: the first cannot end before the second is published.
+        result = group(single.s(2, 2.0), single.s(2, 2.0)).apply_async()
         values = result.get(timeout=60)
     assert runs(app, "single:2") == 1
     assert len(values) == 2
@@ -281,7 +282,8 @@ def test_a_chord_with_two_identical_singletons_calls_its_body(app: Celery) -> No
     add_tasks(app)
     single = app.tasks["c.single"]
     with in_process_worker(app, "threads"):
-        result = chord([single.s(3, 0.5), single.s(3, 0.5)])(app.tasks["c.collect"].s())
+        # Runs of 2 s: the first cannot end before the second is published.
+        result = chord([single.s(3, 2.0), single.s(3, 2.0)])(app.tasks["c.collect"].s())
         values = result.get(timeout=60)
     assert runs(app, "single:3") == 1
     assert len(values) == 2
@@ -294,7 +296,8 @@ def test_a_group_with_identical_singletons_that_raise_on_duplicate_ends(app: Cel
     add_tasks(app)
     task = app.tasks["c.single_raise"]
     with in_process_worker(app, "threads"):
-        result = group(task.s(4), task.s(4)).apply_async()
+        # Runs of 2 s: the first cannot end before the second is published.
+        result = group(task.s(4, 2.0), task.s(4, 2.0)).apply_async()
         with pytest.raises(DuplicateTask):
             result.get(timeout=60)
         result.join(timeout=60, propagate=False)

@@ -182,7 +182,8 @@ def test_docker_app_runs_with_a_worker_and_beat(servers: ServerGroup, tmp_path: 
     beat = start("beat", env, tmp_path / "beat.log")
     metrics = ""
     try:
-        deadline = time.monotonic() + 40
+        # Room for a loaded machine to start the worker and beat first.
+        deadline = time.monotonic() + 90
         # A sync re-queued for user 1's busy lock (beat asks every 1 s, a sync takes 1.5 s).
         while time.monotonic() < deadline and not requeued(metrics):
             time.sleep(0.5)

@@ -65,7 +65,7 @@ def test_lock_nodes_down_at_task_start_retry_the_task_with_a_clear_log(
     lock_nodes[1].kill()
     with in_process_worker(app, "threads"):
         result = app.tasks["t.serial"].delay("down", 0.0)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a loaded machine's worker may be slow to get it
         while not any("Redis unavailable" in r.getMessage() for r in caplog.records):
             assert time.monotonic() < deadline, "no log line about the unavailable nodes"
             time.sleep(0.05)
@@ -94,8 +94,10 @@ def test_killed_pool_child_requeued_task_runs_again_within_seconds(
     assert not free_now(lock_nodes, "kill:k")
     # Another run of the key, waiting for the lock (lock_timeout 20 s).
     other = killable.delay("k", 0.5)
-    os.kill(int(entered[4]), signal.SIGKILL)
+    # Taken before the kill: a test descheduled after it must not see a run
+    # that started meanwhile as started before the kill.
     killed = time.monotonic()
+    os.kill(int(entered[4]), signal.SIGKILL)
     assert first.get(timeout=30) == first.id
     assert other.get(timeout=30) == other.id
     events = app.witness.events()
@@ -109,9 +111,10 @@ def test_killed_pool_child_requeued_task_runs_again_within_seconds(
     again = next(start for start, _, task_id in runs if task_id == first.id)
     # Celery's pool notices a killed child when the child's sentinel fires,
     # or else at its next pool check (every 5 s); the lock is freed then, so
-    # the re-run waits at most about that, never the lock's 30 s ttl.
+    # the re-run waits at most about that, never the lock's 30 s ttl (half
+    # of it allowed: a loaded machine re-delivers and re-runs late).
     log = worker.log()
-    assert again - killed < 8.0, f"re-run {again - killed:.1f} s after the kill\n{log}"
+    assert again - killed < 15.0, f"re-run {again - killed:.1f} s after the kill\n{log}"
     assert "WorkerLostError" in log
     assert f"freed lock 'kill:k' of task {first.id}" in log
     assert "re-queued, will run again" in log
@@ -130,11 +133,12 @@ def test_killed_pool_child_requeued_task_runs_at_once_on_another_worker(
     first = app.tasks["t.killable"].delay("k")
     entered = wait_for_event(app, "enter")
     worker_process(pool="threads", concurrency=4, conf=conf)
+    killed = time.monotonic()  # before the kill (see the test above)
     os.kill(int(entered[4]), signal.SIGKILL)
-    killed = time.monotonic()
     assert first.get(timeout=40) == first.id
     enters = [e for e in app.witness.events() if e[0] == "enter"]
     assert len(enters) == 2, enters
     again = float(enters[1][3])
-    assert again - killed < 8.0, f"re-run {again - killed:.1f} s after the kill"
+    # Far from the 30 s ttl a copy finding its own dead run's lock would wait.
+    assert again - killed < 15.0, f"re-run {again - killed:.1f} s after the kill"
     print(f"re-run after {again - killed:.2f} s, in process {enters[1][4]}")

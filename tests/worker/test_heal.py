@@ -51,7 +51,8 @@ def test_a_task_lock_taken_with_a_node_down_heals_and_survives_losing_another(
         assert value_on(b) == value
         c.start()  # back, and empty
         # Renewal puts the task's key on c, with the holder's value.
-        wait_until(lambda: value_on(c) == value, 5.0, "the key placed on the restarted node")
+        # Within a renewal or two (a third of the ttl); more allowed for a loaded machine.
+        wait_until(lambda: value_on(c) == value, 15.0, "the key placed on the restarted node")
         b.kill()
         time.sleep(3 * TTL)  # three ttls held on a and c alone
         assert result.state == states.STARTED or not result.ready()

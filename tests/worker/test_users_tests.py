@@ -26,12 +26,20 @@ from .support import in_process_worker
 
 pytestmark = pytest.mark.celery
 
+#: The node timeout of the Redlocks built here, on real nodes.
+NODE_TIMEOUT = 1.0
+#: The apps': as high as a singleton's 0.5 s beat window allows (under half of it).
+APP_NODE_TIMEOUT = 0.2
+
 
 def build_app(broker: str = "memory://", **conf: Any) -> Celery:
     """An app with a locked task, a singleton and a rate-limited task that report what they saw."""
     app = Celery("users", broker=broker, backend="cache+memory://", set_as_current=False)
     app.conf.update(
         redlock_key_prefix="u:",
+        # Above a loaded machine's scheduling delay (the 50 ms default is not):
+        # a first call opens its connections within it. No test here is about it.
+        redlock_node_timeout=APP_NODE_TIMEOUT,
         worker_hijack_root_logger=False,
         task_default_queue="users",
         broker_connection_retry_on_startup=True,
@@ -180,7 +188,7 @@ def test_a_bad_enabled_value_names_the_setting() -> None:
 def test_eager_mode_with_enabled_unset_keeps_locking(lock_nodes: list[RedisServer]) -> None:
     urls = [node.url for node in lock_nodes]
     app = build_app(task_always_eager=True, redlock_nodes=urls)
-    holder = Redlock(urls, key_prefix="u:")
+    holder = Redlock(urls, key_prefix="u:", node_timeout=NODE_TIMEOUT)
     try:
         with holder.lock("sync:5", ttl=10):
             result = app.tasks["u.sync"].apply(args=(5,), throw=False)
@@ -263,7 +271,7 @@ def test_a_direct_call_runs_while_another_owner_holds_the_lock(
 ) -> None:
     urls = [node.url for node in lock_nodes]
     app = build_app(redlock_nodes=urls)
-    holder = Redlock(urls, key_prefix="u:")
+    holder = Redlock(urls, key_prefix="u:", node_timeout=NODE_TIMEOUT)
     try:
         with holder.lock("sync:9", ttl=10) as held:
             assert app.tasks["u.sync"](9) is None
@@ -276,7 +284,7 @@ def test_a_direct_call_runs_while_another_owner_holds_the_lock(
 def test_apply_runs_here_with_the_lock(lock_nodes: list[RedisServer]) -> None:
     urls = [node.url for node in lock_nodes]
     app = build_app(redlock_nodes=urls)
-    holder = Redlock(urls, key_prefix="u:")
+    holder = Redlock(urls, key_prefix="u:", node_timeout=NODE_TIMEOUT)
     try:
         token = app.tasks["u.sync"].apply(args=(4,)).get()
         assert isinstance(token, int)
@@ -293,7 +301,11 @@ def test_a_task_calling_itself_directly_does_not_wait_for_its_own_lock(
     lock_nodes: list[RedisServer],
 ) -> None:
     app = Celery("recursive", set_as_current=False)
-    app.conf.update(redlock_nodes=[node.url for node in lock_nodes], redlock_key_prefix="u:")
+    app.conf.update(
+        redlock_nodes=[node.url for node in lock_nodes],
+        redlock_key_prefix="u:",
+        redlock_node_timeout=APP_NODE_TIMEOUT,
+    )
     depth: list[int] = []
 
     @app.task(base=LockedTask, bind=True, name="u.walk", shared=False, lock_key="walk")
