@@ -1,10 +1,15 @@
-"""The run-start checker of the rate-limit tests: it must catch what it is there to catch."""
+"""The admission checker of the rate-limit tests: it must catch what it is there to catch."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.worker.rate_checker import Model, busiest_window, expected_span, judge, schedule
+from tests.worker.rate_checker import Bracket, Model, expected_span, judge, schedule, surely_within
+
+
+def exact(times: list[float]) -> list[Bracket]:
+    """Admissions seen with no lateness: each bracket a single moment."""
+    return [(at, at) for at in times]
 
 
 def test_sliding_runs_in_bursts_of_the_limit_one_window_apart() -> None:
@@ -31,7 +36,8 @@ def test_a_fractional_limit_bursts_its_ceiling_then_keeps_its_pace() -> None:
     assert times[:3] == [0.0] * 3
     # then one every 1.05 / 2.5 s
     assert times[-1] == pytest.approx(10 * 1.05 / 2.5)
-    assert busiest_window(times, 1.0)[0] == 3
+    assert surely_within(exact(times), 3, 1.0)  # the burst of 3...
+    assert not surely_within(exact(times), 4, 1.0)  # ...and never 4 in a second
 
 
 def test_several_limits_each_bind_in_turn() -> None:
@@ -40,29 +46,37 @@ def test_several_limits_each_bind_in_turn() -> None:
     assert times == pytest.approx([0.0] * 5 + [1.0] * 3 + [2.0] * 2)
 
 
-def test_busiest_window_is_half_open() -> None:
-    assert busiest_window([0.0, 0.5, 1.0, 1.5], 1.0) == (2, 0.0)
-    assert busiest_window([0.0, 0.1, 0.2, 0.99], 1.0) == (4, 0.0)
-    assert busiest_window([], 1.0) == (0, 0.0)
+def test_surely_within_counts_only_brackets_that_fit_in_the_window() -> None:
+    assert surely_within(exact([0.0, 0.5, 0.99]), 3, 1.0) == [0.0, 0.99]
+    assert surely_within(exact([0.0, 0.5, 1.0]), 3, 1.0) == []  # a window is half-open
+    # Seen late: a start recorded 0.6 s after its prerun may have been
+    # admitted at 0.0 or at 0.6, so three within 1 s are not shown...
+    assert surely_within([(0.0, 0.0), (0.3, 0.3), (0.5, 1.1)], 3, 1.0) == []
+    # ...but they are when every bracket fits.
+    assert surely_within([(0.0, 0.1), (0.3, 0.4), (0.5, 0.9)], 3, 1.0) == [0.0, 0.9]
+    # Anchored on any bracket, not only the first.
+    assert surely_within(exact([0.0, 2.0, 2.1, 2.2]), 3, 1.0) == [2.0, 2.2]
+    assert surely_within([], 1, 1.0) == []
 
 
 def test_judge_accepts_a_schedule_the_limits_allow() -> None:
     model = Model(5, 1.0, margin=0.05)
-    starts = [at + 0.01 * n for n, at in enumerate(schedule([model], 20))]
+    # Each admission seen within 10 ms, late by up to 40 ms more.
+    admitted = [(at, at + 0.01 + 0.002 * n) for n, at in enumerate(schedule([model], 20))]
     ids = [f"id{n}" for n in range(20)]
-    assert judge(starts, [model], published=ids, ran=ids) == []
+    assert judge(admitted, [model], published=ids, ran=ids) == []
 
 
 def test_judge_finds_a_burst_over_the_limit() -> None:
     # Beat's admitted ticks all starting at once when a busy worker frees up.
-    starts = [0.0] * 8 + [1.2]
-    problems = judge(starts, [Model(5, 1.0)], expected=1.2)
-    assert problems == ["8 starts within 1 s from t=0.000 (limit 5 per 1 s)"]
+    admitted = [(0.0, 0.05)] * 8 + [(1.2, 1.2)]
+    problems = judge(admitted, [Model(5, 1.0)], expected=1.2)
+    assert problems == ["6 admissions within 0.050 s from t=0.000 (limit 5 per 1 s)"]
 
 
 def test_judge_finds_a_lost_a_doubled_and_a_stranger_message() -> None:
     problems = judge(
-        [0.0, 0.0, 0.0],
+        exact([0.0, 0.0, 0.0]),
         [Model(5, 1.0)],
         published=["a", "b", "c"],
         ran=["a", "a", "x"],
@@ -77,9 +91,17 @@ def test_judge_finds_a_lost_a_doubled_and_a_stranger_message() -> None:
 
 def test_judge_finds_a_run_that_took_too_long_or_too_short() -> None:
     model = Model(5, 1.0)
-    slow = [float(n) for n in range(10)]  # one a second, where five a second were allowed
-    assert judge(slow, [model]) == ["took 9.00 s; the limits allow 1.00 s (more than 20% apart)"]
-    assert judge([0.0, 0.0], [model], span=0.5, expected=1.0) == [
-        "took 0.50 s; the limits allow 1.00 s (more than 20% apart)"
+    slow = exact([float(n) for n in range(10)])  # one a second, where five a second were allowed
+    assert judge(slow, [model]) == [
+        "took 9.00 to 9.00 s; the limits allow 1.00 s (more than 20% apart)"
     ]
-    assert judge([0.0, 0.0], [model], span=1.15, expected=1.0) == []
+    # Too long only if even the narrowest reading is: late starts alone are not.
+    assert judge([(0.0, 0.0), (0.7, 1.5)], [model], expected=1.0) == []
+    assert judge([(0.0, 0.0), (1.3, 1.5)], [model], expected=1.0) == [
+        "took 1.30 to 1.50 s; the limits allow 1.00 s (more than 20% apart)"
+    ]
+    # Too short only if even the widest reading is.
+    assert judge([(0.0, 0.0), (0.5, 0.85)], [model], expected=1.0) == []
+    assert judge([(0.0, 0.0), (0.5, 0.7)], [model], expected=1.0) == [
+        "took 0.50 to 0.70 s; the limits allow 1.00 s (more than 20% apart)"
+    ]

@@ -1,13 +1,18 @@
-"""Judge recorded run starts against a global rate limit: windows, losses, total time.
+"""Judge recorded run admissions against a global rate limit: windows, losses, total time.
 
-A run's start is the time its task body began (recorded by the body itself).
-:func:`judge` says what is wrong with one set of starts:
+A run is admitted by the limiter somewhere between its delivery's task_prerun
+and the moment its body records its start; the worker tests record both, so
+each admission is known as a bracket ``(prerun, start)``. A thread descheduled
+in between (a loaded 2-core machine) widens a bracket; it never moves it.
+:func:`judge` says what is wrong with one set of brackets:
 
-* a window of one period holding more starts than the limit (⌈limit⌉ for
-  a fractional one);
+* more admissions than the limit (⌈limit⌉ for a fractional one) that surely
+  fell within one period: their brackets fit in it together
+  (:func:`surely_within`);
 * a message lost (published and never run) or run twice;
-* a total time that is more than ``tolerance`` away from what the limits
-  allow, as :func:`expected_span` computes it.
+* a total time more than ``tolerance`` away from what the limits allow, as
+  :func:`expected_span` computes it: too short if even the widest reading of
+  the brackets is, too long if even the narrowest is.
 
 :func:`expected_span` schedules ``count`` runs that are all ready at once,
 each at the earliest moment every limit admits it, with the rules of
@@ -20,19 +25,16 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Model", "busiest_window", "expected_span", "judge", "schedule"]
+__all__ = ["Bracket", "Model", "expected_span", "judge", "schedule", "surely_within"]
 
 #: Float noise allowed when comparing times, seconds.
 _EPSILON = 1e-9
 
-
-#: How much later than its admission a run's start may be recorded by its body
-#: in the worker tests (a thread descheduled between the two, on a loaded
-#: 2-core machine): the judged windows are this much shorter than the period.
-START_JITTER = 0.05
+#: When a run was admitted: after ``prerun``, before ``start`` (seconds, one clock).
+Bracket = tuple[float, float]
 
 
 @dataclass(frozen=True)
@@ -117,54 +119,51 @@ def expected_span(models: Sequence[Model], count: int) -> float:
     return times[-1] - times[0] if times else 0.0
 
 
-def busiest_window(starts: Iterable[float], period: float) -> tuple[int, float]:
-    """The most starts in any window ``[t, t + period)``, and where such a window begins."""
-    ordered = sorted(starts)
-    best, where, last = 0, 0.0, 0
-    for first, at in enumerate(ordered):
-        last = max(last, first)
-        while last < len(ordered) and ordered[last] < at + period:
-            last += 1
-        if last - first > best:
-            best, where = last - first, at
-    return best, where
+def surely_within(brackets: Sequence[Bracket], count: int, window: float) -> list[float]:
+    """``count`` admissions that fell within less than ``window`` however late they were seen.
+
+    Returned as ``[earliest prerun, latest start]`` of the first such group;
+    empty when no ``count`` brackets fit in ``window`` together.
+    """
+    for i, (earliest, start) in enumerate(brackets):
+        # Anchored on this bracket's prerun: the others admitted no sooner, soonest started.
+        others = sorted(s for j, (p, s) in enumerate(brackets) if j != i and p >= earliest)
+        if len(others) >= count - 1:
+            latest = max([start, *others[: count - 1]])
+            if latest - earliest < window:
+                return [earliest, latest]
+    return []
 
 
 def judge(
-    starts: Sequence[float],
+    admitted: Sequence[Bracket],
     models: Sequence[Model],
     *,
     published: Sequence[str] | None = None,
     ran: Sequence[str] | None = None,
-    span: float | None = None,
     expected: float | None = None,
     tolerance: float = 0.2,
-    jitter: float = 0.0,
 ) -> list[str]:
-    """What is wrong with ``starts`` under ``models``; an empty list when nothing is.
+    """What is wrong with the admissions ``admitted`` under ``models``; empty when nothing is.
 
     Args:
-        starts: run start times, seconds, one clock.
+        admitted: one bracket per run, ``(prerun, start)``.
         models: the limits every one of these runs was counted against.
         published: ids of the messages published; with ``ran``, each must
             have run exactly once.
         ran: ids of the runs that started (one entry per start).
-        span: the measured total time; default: last start minus first.
         expected: the total time the limits allow; default:
-            :func:`expected_span` of the runs started.
-        tolerance: how far ``span`` may be from ``expected``, as a fraction of it.
-        jitter: how much later than its admission a start may have been
-            recorded (a body records its start after the limiter admitted
-            it; a thread descheduled in between records it late): the
-            windows judged are ``period - jitter`` long.
+            :func:`expected_span` of the runs admitted.
+        tolerance: how far the total time may be from ``expected``, as a
+            fraction of it.
     """
     problems = []
     for model in models:
-        most, where = busiest_window(starts, model.period - jitter)
-        if most > model.most:
+        found = surely_within(admitted, model.most + 1, model.period)
+        if found:
             problems.append(
-                f"{most} starts within {model.period:g} s from t={where:.3f} "
-                f"(limit {model.limit:g} per {model.period:g} s)"
+                f"{model.most + 1} admissions within {found[1] - found[0]:.3f} s from "
+                f"t={found[0]:.3f} (limit {model.limit:g} per {model.period:g} s)"
             )
     if published is not None and ran is not None:
         counts = Counter(ran)
@@ -177,12 +176,13 @@ def judge(
             problems.append(f"{len(twice)} messages ran more than once")
         if strangers:
             problems.append(f"{len(strangers)} runs of messages nobody published")
-    if starts:
-        measured = max(starts) - min(starts) if span is None else span
-        wanted = expected_span(models, len(starts)) if expected is None else expected
-        if abs(measured - wanted) > tolerance * wanted:
+    if admitted:
+        widest = max(s for _, s in admitted) - min(p for p, _ in admitted)
+        narrowest = max(0.0, max(p for p, _ in admitted) - min(s for _, s in admitted))
+        wanted = expected_span(models, len(admitted)) if expected is None else expected
+        if widest < (1 - tolerance) * wanted or narrowest > (1 + tolerance) * wanted:
             problems.append(
-                f"took {measured:.2f} s; the limits allow {wanted:.2f} s "
+                f"took {narrowest:.2f} to {widest:.2f} s; the limits allow {wanted:.2f} s "
                 f"(more than {tolerance:.0%} apart)"
             )
     return problems

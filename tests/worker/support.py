@@ -819,22 +819,6 @@ def admissions(app: Celery, kind: str, key: str) -> list[tuple[float, float]]:
     return found
 
 
-def surely_within(brackets: list[tuple[float, float]], count: int, window: float) -> list[float]:
-    """``count`` admissions that fell within less than ``window`` whatever their lateness, if any.
-
-    Returned as the bracket's ends (earliest prerun, latest start); empty when
-    no ``count`` brackets fit in ``window`` together.
-    """
-    for i, (earliest, start) in enumerate(brackets):
-        # Anchored on this bracket's prerun: the others admitted no sooner, soonest started.
-        others = sorted(s for j, (p, s) in enumerate(brackets) if j != i and p >= earliest)
-        if len(others) >= count - 1:
-            latest = max([start, *others[: count - 1]])
-            if latest - earliest < window:
-                return [earliest, latest]
-    return []
-
-
 def run_times(app: Celery, key: str) -> list[float]:
     return sorted(float(e[3]) for e in app.witness.events() if e[0] == "run" and e[1] == key)
 

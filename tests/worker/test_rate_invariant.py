@@ -17,7 +17,6 @@ one period; the total time, on the bracket ends that bound it either way.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +27,8 @@ from celery import Celery
 from celery_redlock import config
 from celery_redlock.testing import RedisServer, ServerGroup
 
-from .rate_checker import Model, expected_span
-from .support import WorkerProcess, admissions, create_app, start_beat, stop_beat, surely_within
+from .rate_checker import Bracket, Model, expected_span, judge
+from .support import WorkerProcess, admissions, create_app, start_beat, stop_beat
 
 pytestmark = [pytest.mark.celery, pytest.mark.slow]
 
@@ -88,57 +87,10 @@ def cluster(
         server_pool.heal()
 
 
-Bracket = tuple[float, float]
-
-
 def starts_of(cluster: Cluster, key: str) -> tuple[list[Bracket], list[str]]:
     """The admissions of ``key``'s runs, as brackets (prerun, start), and their task ids."""
     ran = [event[2] for event in cluster.events("start", key)]
     return admissions(cluster.app, "start", key), ran
-
-
-def judge(
-    admitted: Sequence[Bracket],
-    models: Sequence[Model],
-    *,
-    published: Sequence[str] | None = None,
-    ran: Sequence[str] | None = None,
-    expected: float | None = None,
-    tolerance: float = 0.2,
-) -> list[str]:
-    """What is wrong with the admissions ``admitted`` under ``models`` (as rate_checker.judge).
-
-    A period holding more admissions than the limit: that many brackets that
-    surely fell within one period. The total time: too short if even the
-    widest reading of the brackets (first prerun to last start) is, too long
-    if even the narrowest (last prerun to first start) is.
-    """
-    problems = []
-    for model in models:
-        found = surely_within(list(admitted), model.most + 1, model.period)
-        if found:
-            problems.append(
-                f"{model.most + 1} admissions within {found[1] - found[0]:.3f} s from "
-                f"t={found[0]:.3f} (limit {model.limit:g} per {model.period:g} s)"
-            )
-    if published is not None and ran is not None:
-        counts = Counter(ran)
-        if set(published) - set(counts):
-            problems.append(f"{len(set(published) - set(counts))} published messages never ran")
-        if [task_id for task_id, seen in counts.items() if seen > 1]:
-            problems.append("messages ran more than once")
-        if set(counts) - set(published):
-            problems.append(f"{len(set(counts) - set(published))} runs nobody published")
-    if admitted:
-        widest = max(s for _, s in admitted) - min(p for p, _ in admitted)
-        narrowest = max(p for p, _ in admitted) - min(s for _, s in admitted)
-        wanted = expected_span(models, len(admitted)) if expected is None else expected
-        if widest < (1 - tolerance) * wanted or narrowest > (1 + tolerance) * wanted:
-            problems.append(
-                f"took {narrowest:.2f} to {widest:.2f} s; the limits allow {wanted:.2f} s "
-                f"(more than {tolerance:.0%} apart)"
-            )
-    return problems
 
 
 def span_of(admitted: Sequence[Bracket]) -> float:

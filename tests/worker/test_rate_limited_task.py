@@ -19,7 +19,8 @@ from celery_redlock import RateLimiter, signals
 from celery_redlock.errors import RateLimited
 from celery_redlock.testing import RedisServer
 
-from .support import admissions, in_process_worker, looker, preruns_noted, run_times, surely_within
+from .rate_checker import surely_within
+from .support import admissions, in_process_worker, looker, preruns_noted, run_times
 
 pytestmark = pytest.mark.celery
 
