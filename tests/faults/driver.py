@@ -6,8 +6,9 @@ section. Every few seconds the first client holds the lock for more than a
 ttl instead, extending it every third of a ttl, before it writes. The
 nemesis meanwhile kills, pauses and restarts the lock's nodes, plants stale
 keys, expires fencing buckets and freezes clients. The run lasts at least
-``seconds`` and goes on (up to ``max_seconds``) until it has both the
-sections and the node faults it was asked for.
+``seconds`` and goes on (up to ``max_seconds``) until it has the sections,
+the node faults and each kind of fault it was asked for (the nemesis draws
+them at random: a fence expiry, say, needs a long hold while every node is up).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class FaultRun:
     max_seconds: float = 60.0
     min_sections: int = 0
     min_node_faults: int = 0
+    #: Kinds of fault (nemesis.KILL_RESTART, ...) the run goes on until it has seen.
+    required_faults: tuple[str, ...] = ()
     seed: int = 0
 
     @property
@@ -130,6 +133,7 @@ def run(config: FaultRun) -> Report:
                 elapsed >= config.seconds
                 and store.writes() >= config.min_sections
                 and nemesis.node_faults() >= config.min_node_faults
+                and all(nemesis.counts()[kind] for kind in config.required_faults)
             )
             if done or elapsed >= config.max_seconds or not nemesis.is_alive():
                 break

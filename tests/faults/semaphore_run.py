@@ -75,6 +75,8 @@ class SemaphoreRunConfig:
     max_seconds: float = 60.0
     min_holdings: int = 0
     min_node_faults: int = 0
+    #: Kinds of fault (nemesis.KILL_RESTART, ...) the run goes on until it has seen.
+    required_faults: tuple[str, ...] = ()
     seed: int = 0
 
 
@@ -223,6 +225,7 @@ def run_semaphore(config: SemaphoreRunConfig) -> SemaphoreReport:
                 elapsed >= config.seconds
                 and witness.llen(HOLDINGS) >= config.min_holdings
                 and nemesis.node_faults() >= config.min_node_faults
+                and all(nemesis.counts()[kind] for kind in config.required_faults)
             )
             if done or elapsed >= config.max_seconds or not nemesis.is_alive():
                 break

@@ -53,6 +53,7 @@ def test_short_fault_run(servers, witness, publish, count, min_sections):
             max_seconds=70.0,
             min_sections=min_sections,
             min_node_faults=MIN_NODE_FAULTS,
+            required_faults=(KILL_RESTART, PAUSE, CLIENT_PAUSE, STALE_KEY, FENCE_EXPIRE),
             seed=count,
         )
     )

@@ -31,6 +31,7 @@ def test_never_more_than_limit_valid_holders(servers, witness, publish, count, l
             max_seconds=70.0,
             min_holdings=1000,
             min_node_faults=10,
+            required_faults=(KILL_RESTART, PAUSE, CLIENT_PAUSE),
             seed=count,
         )
     )
