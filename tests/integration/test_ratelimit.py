@@ -490,6 +490,7 @@ def test_gcra_runs_at_the_exact_rate(limiter):
         decision = limiter.hit("on-time", rate, algorithm="gcra")
         if decision.allowed:
             admitted.append(time.monotonic())
+            last = (sent, decision, admitted[-1])
         else:
             # The caller's own lateness, measured: the refused hit's round trip
             # (its next hit travels as long) and how far the sleep overshoots.
@@ -501,6 +502,10 @@ def test_gcra_runs_at_the_exact_rate(limiter):
     spacing = (admitted[-1] - admitted[0]) / gaps
     assert spacing >= rate.interval * 0.995
     assert spacing - lateness / gaps <= rate.interval * 1.05, (spacing, lateness / gaps)
+    # And the next unit is one interval after the last, to the bracket of the
+    # two calls: a limiter that spaces units short by more than their round
+    # trips and a millisecond fails here, however late this process ran.
+    assert_waits_for(timed(limiter.hit, "on-time", rate, algorithm="gcra"), last, rate.interval)
 
 
 def test_periods_are_not_rounded(limiter):

@@ -7,8 +7,8 @@ in between (a loaded 2-core machine) widens a bracket; it never moves it.
 :func:`judge` says what is wrong with one set of brackets:
 
 * more admissions than the limit (⌈limit⌉ for a fractional one) that surely
-  fell within one period: their brackets fit in it together
-  (:func:`surely_within`);
+  fell within one window of the limiter (the period and the margin): their
+  brackets fit in it together (:func:`surely_within`);
 * a message lost (published and never run) or run twice;
 * a total time more than ``tolerance`` away from what the limits allow, as
   :func:`expected_span` computes it: too short if even the widest reading of
@@ -32,6 +32,10 @@ __all__ = ["Bracket", "Model", "expected_span", "judge", "schedule", "surely_wit
 
 #: Float noise allowed when comparing times, seconds.
 _EPSILON = 1e-9
+
+#: How far the server's clock may run from ours over one window, seconds:
+#: windows are judged this much shorter.
+CLOCK_SPARE = 0.002
 
 #: When a run was admitted: after ``prerun``, before ``start`` (seconds, one clock).
 Bracket = tuple[float, float]
@@ -159,7 +163,7 @@ def judge(
     """
     problems = []
     for model in models:
-        found = surely_within(admitted, model.most + 1, model.period)
+        found = surely_within(admitted, model.most + 1, model.window - CLOCK_SPARE)
         if found:
             problems.append(
                 f"{model.most + 1} admissions within {found[1] - found[0]:.3f} s from "
