@@ -14,9 +14,8 @@ Connect like any Celery signal::
 * ``lock_released``: ``task_id``, ``key``, ``held`` (seconds)
 * ``lock_busy``: ``task_id``, ``key``, ``waited``, ``action`` (``retry``/``skip``/``raise``)
 * ``lock_lost``: ``task_id``, ``key``, ``held``, ``reason`` (text), ``code``
-  (``stalled``, ``renewal_failed``, ``expired``, or ``lost_at_release``: the
-  task's release found the lock no longer its own); also sent for a
-  concurrency slot lost while its task ran (``key``: the concurrency key)
+  (one of :data:`LOCK_LOST_CODES`); also sent for a concurrency slot lost
+  while its task ran (``key``: the concurrency key)
 * ``rate_limited``: ``task_id``, ``key``, ``retry_after`` (seconds), ``action``
 * ``duplicate_suppressed``: ``task_id`` (of the copy already queued or running),
   ``key``, ``where`` (``publish`` or ``worker``)
@@ -49,6 +48,13 @@ __all__ = [
     "slot_busy",
     "slot_released",
 ]
+
+#: The ``code`` of a ``lock_lost`` signal, the ``reason`` label of the metric:
+#: ``stalled`` (no progress for ``lock_progress_timeout``: renewal stopped),
+#: ``renewal_failed`` (a renewal found the lock gone or its validity ran out),
+#: ``expired`` (the task's own ``heartbeat()`` found it expired first),
+#: ``lost_at_release`` (the task's release found the lock no longer its own).
+LOCK_LOST_CODES = ("stalled", "renewal_failed", "expired", "lost_at_release")
 
 #: A task took its lock.
 lock_acquired = Signal(name="lock_acquired")

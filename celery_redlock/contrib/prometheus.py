@@ -21,8 +21,10 @@ with labels from small fixed sets, so lock keys never become label values:
   observed when it is released.
 * ``celery_redlock_lock_busy_total`` (counter, ``action``: ``retry``,
   ``skip``, ``raise``, ``twin``): runs that found their lock held by another.
-* ``celery_redlock_locks_lost_total`` (counter, ``reason``: ``stalled``,
-  ``renewal_failed``, ``expired``, ``other``): locks lost while the task ran.
+* ``celery_redlock_locks_lost_total`` (counter, ``reason``: the signal's
+  ``code``, one of ``stalled``, ``renewal_failed``, ``expired``,
+  ``lost_at_release``; see :data:`celery_redlock.signals.LOCK_LOST_CODES`):
+  locks lost while the task ran.
 * ``celery_redlock_rate_limited_total`` (counter, ``action``: ``retry``,
   ``skip``, ``raise``, ``skip-publish``): runs or beat publishes refused by a
   global rate limit.
@@ -74,7 +76,11 @@ HELD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300
 
 
 def reason_label(reason: Any) -> str:
-    """Map a ``lock_lost`` reason (free text) onto a small fixed set of label values."""
+    """Map a ``lock_lost`` reason (free text) sent without a ``code`` onto a label.
+
+    celery_redlock always sends a code; this serves senders of your own: one of
+    :data:`celery_redlock.signals.LOCK_LOST_CODES`, or ``other``.
+    """
     text = str(reason or "").lower()
     if text.startswith("no progress"):
         return "stalled"

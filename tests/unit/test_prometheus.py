@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import logging
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -224,3 +227,57 @@ def test_debounced_publishes_and_superseded_copies_are_counted(registry):
     assert sample(registry, published, task="crm.sync", recorded="true") == 3
     assert sample(registry, published, task="crm.sync", recorded="false") == 1
     assert sample(registry, "celery_redlock_debounce_superseded_total", task="crm.sync") == 1
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def codes_in_the_code() -> set[str]:
+    """The ``code`` of every ``lock_lost`` the package sends, read from its source."""
+    found: set[str] = set()
+    for path in (ROOT / "celery_redlock").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "_mark_lost"
+            ):
+                code = node.args[2]
+                assert isinstance(code, ast.Constant), ast.dump(code)
+                found.add(code.value)
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple):
+                for target in node.targets:
+                    names = target.elts if isinstance(target, ast.Tuple) else [target]
+                    for name, value in zip(names, node.value.elts, strict=False):
+                        if isinstance(name, ast.Attribute) and name.attr == "lost_code":
+                            assert isinstance(value, ast.Constant), ast.dump(value)
+                            found.add(value.value)
+            elif (
+                isinstance(node, ast.Assign)
+                and any(
+                    isinstance(t, ast.Attribute) and t.attr == "lost_code" for t in node.targets
+                )
+                # Elsewhere a code is passed on (``held.lost_code = code``).
+                and isinstance(node.value, ast.Constant)
+                and node.value.value
+            ):
+                found.add(node.value.value)
+    return found
+
+
+def test_the_lost_lock_reasons_are_one_list_in_code_and_docs():
+    assert codes_in_the_code() == set(signals.LOCK_LOST_CODES)
+    readme = (ROOT / "README.md").read_text()
+    listed = re.search(r"locks_lost_total` \(by `reason`: ([^)]*)\)", readme)
+    assert listed is not None
+    assert re.findall(r"`(\w+)`", listed.group(1)) == list(signals.LOCK_LOST_CODES)
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    row = next(
+        line
+        for line in operations.splitlines()
+        if line.startswith("| `celery_redlock_locks_lost_total{reason}`")
+    )
+    assert re.findall(r"`(\w+)`:", row) == list(signals.LOCK_LOST_CODES)
+    docstring = prometheus.__doc__ or ""
+    entry = docstring[docstring.index("locks_lost_total") : docstring.index("locks lost while")]
+    assert re.findall(r"``(\w+)``", entry)[2:] == list(signals.LOCK_LOST_CODES)
