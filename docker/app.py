@@ -21,10 +21,10 @@ Lock events are logged on ``celery_redlock.events``.
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from celery.signals import worker_init
 from tasks import app
+
+from celery_redlock.contrib import prometheus
 
 METRICS_PORT = int(os.environ.get("METRICS_PORT", "9808"))
 
@@ -37,15 +37,6 @@ app.conf.beat_schedule = {
 
 __all__ = ["app"]
 
-
-@worker_init.connect(weak=False)
-def serve_metrics(sender: Any = None, **_: Any) -> None:
-    """Count lock events into Prometheus and log them (threads pool: one process)."""
-    if getattr(sender, "app", None) is not app or not METRICS_PORT:
-        return
-    import prometheus_client
-
-    from celery_redlock.contrib import prometheus
-
-    prometheus.install(log_events=True)
-    prometheus_client.start_http_server(METRICS_PORT)
+if METRICS_PORT:
+    # Lock events counted from every pool process and logged; served by the worker.
+    prometheus.serve_worker(app, port=METRICS_PORT, log_events=True)

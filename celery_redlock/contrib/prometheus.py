@@ -1,16 +1,17 @@
 """Prometheus metrics from celery_redlock's signals.
 
-``pip install 'celery_redlock[prometheus]'``, then in every process that runs
-or publishes tasks::
+``pip install 'celery_redlock[prometheus]'``, then in the module the worker
+loads (``celery -A proj worker``), beside the app::
 
-    import prometheus_client
-    from celery.signals import worker_init
     from celery_redlock.contrib import prometheus
 
-    @worker_init.connect
-    def metrics(**_):
-        prometheus.install()                       # into prometheus_client.REGISTRY
-        prometheus_client.start_http_server(9808)  # or your own exporter
+    prometheus.serve_worker(app, port=9808)
+
+The worker's main process then serves ``/metrics`` on that port, counting the
+events of every pool process: prefork children included (see
+:func:`serve_worker`). In a process that only publishes (a web server),
+``prometheus.install()`` counts into ``prometheus_client.REGISTRY`` for the
+exporter it already has.
 
 Metrics, each labelled with the task's name (``task``) and otherwise only
 with labels from small fixed sets, so lock keys never become label values:
@@ -44,27 +45,49 @@ with labels from small fixed sets, so lock keys never become label values:
   published count minus the superseded count is the runs debouncing let
   through.
 
-With the prefork pool each child process counts on its own: run
-prometheus_client in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` and a
-``MultiProcessCollector`` in the exporter), as its documentation describes.
 """
 
 from __future__ import annotations
 
+import glob
+import os
+import shutil
+import tempfile
 from typing import Any
 
 try:
-    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+    from prometheus_client import (
+        REGISTRY,
+        CollectorRegistry,
+        Counter,
+        Histogram,
+        multiprocess,
+        start_http_server,
+        values,
+    )
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "celery_redlock.contrib.prometheus needs prometheus_client: "
         "pip install 'celery_redlock[prometheus]'"
     ) from exc
 
+from celery import Celery
+from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
+
 from .. import signals
 from .eventlog import EventLogger, install_logging, task_name_of
 
-__all__ = ["HELD_BUCKETS", "WAIT_BUCKETS", "RedlockMetrics", "install", "reason_label"]
+__all__ = [
+    "HELD_BUCKETS",
+    "WAIT_BUCKETS",
+    "RedlockMetrics",
+    "install",
+    "reason_label",
+    "serve_worker",
+]
+
+#: The directory of prometheus_client's multiprocess mode.
+MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 #: Buckets for the wait before a lock is held, seconds: most acquisitions take
 #: a round trip (about a millisecond); waiting for a holder can take minutes.
@@ -288,3 +311,70 @@ def install(
     if log_events and not metrics.event_logger:
         metrics.event_logger = install_logging()
     return metrics
+
+
+def serve_worker(
+    app: Celery, port: int = 9808, *, addr: str = "0.0.0.0", log_events: bool = False
+) -> None:
+    """Serve the metrics of ``app``'s worker on ``port``, from every pool process.
+
+    Call it where the worker loads the app. When a worker of ``app`` starts,
+    its main process switches prometheus_client to multiprocess mode, calls
+    :func:`install` and serves ``/metrics`` from a ``MultiProcessCollector``,
+    so the counts of every prefork child (and of the threads, solo and gevent
+    pools, which run in the main process) add up there; a child that exits is
+    marked dead. The directory is ``PROMETHEUS_MULTIPROC_DIR`` when it is set
+    in the worker's environment (one directory per worker: files of earlier
+    runs in it are removed), else a temporary one, removed at shutdown. Set
+    it yourself only to collect metrics of your own from the worker too, and
+    then before anything imports prometheus_client.
+    """
+
+    def start(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=_multiprocess_mode())  # type: ignore[no-untyped-call]
+        install(log_events=log_events)
+        start_http_server(port, addr, registry=registry)
+
+    uid = f"celery_redlock.prometheus.serve_worker:{id(app)}"
+    worker_init.connect(start, weak=False, dispatch_uid=uid)
+    worker_process_shutdown.connect(_mark_dead, weak=False, dispatch_uid=_mark_dead.__name__)
+    worker_shutdown.connect(_remove_own_directory, weak=False, dispatch_uid=uid)
+
+
+#: The directory serve_worker made, when PROMETHEUS_MULTIPROC_DIR was not set.
+_own_directory: list[str] = []
+
+
+def _multiprocess_mode() -> str:
+    """Make prometheus_client count into files this process's children share."""
+    directory = os.environ.get(MULTIPROC_DIR)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+        mine = f"_{os.getpid()}.db"
+        for stale in glob.glob(os.path.join(directory, "*.db")):
+            if not stale.endswith(mine):
+                os.remove(stale)
+    else:
+        directory = tempfile.mkdtemp(prefix="celery_redlock-metrics-")
+        _own_directory.append(directory)
+        os.environ[MULTIPROC_DIR] = directory
+    # prometheus_client picks its value class when imported, from the
+    # environment; metrics made from now on (ours: at their first count) use
+    # the multiprocess one.
+    if not getattr(values.ValueClass, "_multiprocess", False):
+        values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+    return directory
+
+
+def _mark_dead(pid: int | None = None, **_: Any) -> None:
+    """``worker_process_shutdown`` (in the exiting child): its live gauges go."""
+    if pid and os.environ.get(MULTIPROC_DIR):
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+def _remove_own_directory(**_: Any) -> None:
+    while _own_directory:
+        shutil.rmtree(_own_directory.pop(), ignore_errors=True)

@@ -68,6 +68,7 @@ def worker_process(
         pool: str = "prefork",
         concurrency: int = 2,
         conf: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
         **settings: Any,
     ) -> WorkerProcess:
         worker = WorkerProcess(
@@ -78,6 +79,7 @@ def worker_process(
             pool=pool,
             concurrency=concurrency,
             conf={**(conf or {}), **settings},
+            env=env,
         )
         started.append(worker)
         return worker

@@ -889,6 +889,7 @@ class WorkerProcess:
         pool: str = "prefork",
         concurrency: int = 2,
         conf: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.witness = witness
         self.log_path = log
@@ -899,6 +900,7 @@ class WorkerProcess:
             "CR_WITNESS": witness.url,
             # Celery settings of the worker's app, as JSON.
             "CR_CONF": json.dumps(conf or {}),
+            **(env or {}),
         }
         witness.client().delete("worker-ready")
         self._log = log.open("wb")
@@ -1043,6 +1045,11 @@ if "CR_BROKER" in os.environ:
         @after_task_publish.connect(weak=False)
         def note_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
             app.witness.event("published", str(sender), (headers or {}).get("id"))
+
+    if os.environ.get("CR_METRICS_PORT"):
+        from celery_redlock.contrib import prometheus
+
+        prometheus.serve_worker(app, port=int(os.environ["CR_METRICS_PORT"]), addr="127.0.0.1")
 
     @lock_busy.connect(weak=False)
     def note_busy(sender: Any = None, task_id: Any = None, key: Any = None, **_: Any) -> None:
