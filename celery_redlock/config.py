@@ -68,12 +68,14 @@ __all__ = [
     "debounce_store_for",
     "enabled_for",
     "forget",
+    "in_user_terms",
     "limiter_for",
     "node_fallback",
     "policy_for",
     "redlock_for",
     "settings_for",
     "unknown_settings",
+    "written_as",
 ]
 
 #: Where locks go when ``redlock_nodes`` is unset and the broker is not Redis.
@@ -107,7 +109,7 @@ class Settings:
             setting = f"redlock_{name}"
             value = conf.get(setting)
             if value is not None:
-                values[name] = validate(value, setting)
+                values[name] = validate(value, written_as(conf, setting))
         if "nodes" not in values:
             broker = _broker_redis_url(conf.get("broker_url"), conf.get("broker_transport_options"))
             values["nodes"] = (broker or DEFAULT_NODE,)
@@ -171,6 +173,29 @@ SETTING_NAMES: tuple[str, ...] = tuple(f"redlock_{entry.name}" for entry in fiel
 #: Every ``redlock_*`` setting celery_redlock reads: :data:`SETTING_NAMES`, and
 #: ``redlock_enabled`` (false runs LockedTasks as plain tasks).
 KNOWN_SETTINGS: frozenset[str] = frozenset((*SETTING_NAMES, "redlock_enabled"))
+
+
+def written_as(conf: Any, setting: str) -> str:
+    """``setting`` as the app's configuration holds it.
+
+    ``CELERY_REDLOCK_TASKS`` when the app reads ``namespace="CELERY"``
+    settings (Django's) and that is how it was given; ``setting`` otherwise.
+    """
+    candidates = getattr(conf, "_to_keys", None)
+    for key in candidates(setting) if callable(candidates) else ():
+        if any(key in layer for layer in getattr(conf, "maps", ())[:-1]):
+            return str(key)
+    return setting
+
+
+def in_user_terms(conf: Any, exc: ConfigurationError) -> ConfigurationError:
+    """``exc`` naming its setting as written (``CELERY_REDLOCK_TASKS['x'].lock_key``)."""
+    option = exc.option or ""
+    setting = option.split("[", 1)[0].split(".", 1)[0]
+    written = written_as(conf, setting) if setting.startswith("redlock_") else setting
+    if written == setting:
+        return exc
+    return exc.with_context(option=written + option[len(setting) :])
 
 
 def node_fallback(conf: Any) -> str | None:

@@ -37,13 +37,21 @@ from celery.worker.request import Request
 
 from . import startup
 from ._layout import QUEUED
-from .config import enabled_for, policy_for, redlock_for, settings_for
+from .config import (
+    Settings,
+    enabled_for,
+    in_user_terms,
+    policy_for,
+    redlock_for,
+    settings_for,
+)
 from .errors import ConfigurationError
 from .policies import TaskPolicy
-from .task_table import apply_entries, watch_registrations
+from .task_table import StartupRefused, apply_entries, check_entries, watch_registrations
 
 __all__ = [
     "RedlockStartupCheck",
+    "StartupRefused",
     "connect_cleanup",
     "setup",
 ]
@@ -68,6 +76,15 @@ def setup(app: Any) -> None:
     connect_cleanup()
     if getattr(app, "_redlock_setup", False):
         return
+    if app.configured or getattr(app, "_config_source", None) is not None:
+        # Where the process starts (a web server importing its Celery app),
+        # not at its first .delay(): the entries need no task to be checked.
+        # Logged, not raised: Celery's command line would print a raise from
+        # an import as a long traceback; the worker refuses with one line.
+        try:
+            check_entries(Settings.from_conf(app.conf).tasks)
+        except ConfigurationError as exc:
+            _keep_error(app, exc)
     app._redlock_setup = True
     watch_registrations(app)
     if app.finalized:
@@ -84,8 +101,14 @@ def _on_finalize(sender: Any = None, **_: Any) -> None:
     except ConfigurationError as exc:
         # Celery logs and swallows errors of signal receivers: keep it for the
         # worker's start-up check, which fails the worker with it.
-        sender._redlock_setup_error = exc
-        logger.error("celery_redlock configuration error: %s", exc)
+        _keep_error(sender, exc)
+
+
+def _keep_error(app: Any, exc: ConfigurationError) -> None:
+    """Log a bad setting or entry once, named as written; the worker refuses to start with it."""
+    if getattr(app, "_redlock_setup_error", None) is None:
+        app._redlock_setup_error = in_user_terms(app.conf, exc)
+        logger.error("celery_redlock configuration error: %s", app._redlock_setup_error)
 
 
 class RedlockStartupCheck(bootsteps.Step):  # type: ignore[misc]
@@ -104,7 +127,12 @@ class RedlockStartupCheck(bootsteps.Step):  # type: ignore[misc]
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
-        app = parent.app
+        try:
+            self._check(parent.app)
+        except ConfigurationError as exc:
+            raise StartupRefused(in_user_terms(parent.app.conf, exc)) from None
+
+    def _check(self, app: Any) -> None:
         error = getattr(app, "_redlock_setup_error", None)
         if error is not None:
             raise error

@@ -31,15 +31,18 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from celery.exceptions import CeleryCommandException
+
 from . import options as task_options
 from ._spelling import closest
 from ._templates import task_arguments
-from .config import settings_for
+from .config import in_user_terms, settings_for
 from .errors import ConfigurationError
 from .policies import TaskPolicy
 from .task import LockedTask
 
 __all__ = [
+    "StartupRefused",
     "apply_entries",
     "check_entries",
     "check_entry",
@@ -162,7 +165,23 @@ class _Watching:
             return  # the finalize hook applies the entries
         options = entries.get(name)
         if isinstance(options, Mapping):
-            configure(task, options)
+            try:
+                configure(task, options)
+            except ConfigurationError as exc:
+                raise StartupRefused(in_user_terms(app.conf, exc)) from None
+
+
+class StartupRefused(ConfigurationError, CeleryCommandException):  # type: ignore[misc]
+    """A bad setting or ``redlock_tasks`` entry, found as a worker starts or a task is evaluated.
+
+    A :class:`ConfigurationError`, and a click error for Celery's command
+    line, which prints ``Error: celery_redlock: <problem>`` and exits with
+    status 2 instead of a traceback.
+    """
+
+    def __init__(self, error: ConfigurationError) -> None:
+        CeleryCommandException.__init__(self, f"celery_redlock: {error}", exit_code=2)
+        self.option, self.problem, self.task = error.option, error.problem, error.task
 
 
 _watching: dict[type, type] = {}

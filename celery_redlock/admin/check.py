@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from redis.exceptions import RedisError
 
 from .. import _clock
-from ..config import DEFAULT_NODE, Settings, node_fallback, unknown_settings
+from ..config import DEFAULT_NODE, Settings, in_user_terms, node_fallback, unknown_settings
 from ..errors import ConfigurationError, RateLimiterUnavailable
 from ..policies import TaskPolicy
 from ..task_table import check_entry, entry_policy, unknown_task
@@ -190,6 +190,11 @@ def task_findings(app: Any, settings: Settings) -> list[Finding]:
     register is a warning, as at worker start-up.
     """
     problems: list[str] = []
+
+    def said(exc: ConfigurationError) -> str:
+        """The problem, its setting named as the app's configuration spells it."""
+        return str(in_user_terms(app.conf, exc.with_context()))
+
     if settings.tasks:
         try:
             app.loader.import_default_modules()
@@ -202,10 +207,10 @@ def task_findings(app: Any, settings: Settings) -> list[Finding]:
         try:
             registered = list(app.tasks.values())  # finalizes the app: tasks check their options
         except ConfigurationError as exc:
-            problems.append(str(exc))
+            problems.append(said(exc))
     setup_error = getattr(app, "_redlock_setup_error", None)
     if setup_error is not None:
-        problems.insert(0, str(setup_error))
+        problems.insert(0, said(setup_error))
     # A default ttl too short for the node timeout is reported once, by settings_findings.
     default_ttl_bad = settings.default_ttl <= 2 * settings.node_timeout
 
@@ -214,7 +219,7 @@ def task_findings(app: Any, settings: Settings) -> list[Finding]:
             policy.resolve(settings)
         except ConfigurationError as exc:
             if not (default_ttl_bad and exc.option == "redlock_default_ttl"):
-                problems.append(str(exc))
+                problems.append(said(exc))
 
     unknown: list[str] = []
     for name, options in settings.tasks.items():
@@ -224,7 +229,7 @@ def task_findings(app: Any, settings: Settings) -> list[Finding]:
             if task is not None:
                 resolve(entry_policy(name, type(task), options))
         except ConfigurationError as exc:
-            problems.append(str(exc))
+            problems.append(said(exc))
             continue
         if registered and task is None:
             unknown.append(unknown_task(name, list(app.tasks)))

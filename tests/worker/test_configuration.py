@@ -26,6 +26,7 @@ import pytest
 from celery import Celery
 
 from celery_redlock import LockedTask, config, setup
+from celery_redlock.errors import ConfigurationError
 from celery_redlock.testing import RedisServer
 
 from .support import ROOT, WorkerProcess, create_app, in_process_worker, overlaps
@@ -370,3 +371,76 @@ def test_a_process_that_never_imports_a_configured_task_logs_no_error(
     finally:
         config.forget(app)
         app.close()
+
+
+# -- settings named as the user wrote them -------------------------------------------
+
+
+NAMESPACED_PROBLEMS = {
+    "ttl": "CELERY_REDLOCK_DEFAULT_TTL: expected a number of seconds, got 'a minute'",
+    "tasks": (
+        "CELERY_REDLOCK_TASKS['namespaced.report'].singelton_ttl: not a celery_redlock option; "
+        "did you mean singleton_ttl?"
+    ),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(NAMESPACED_PROBLEMS))
+def test_a_bad_namespaced_setting_stops_the_worker_in_one_line_naming_it_as_written(
+    broker_url: str, lock_nodes: list[RedisServer], witness: RedisServer, bad: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.worker.namespaced", "worker", "-P", "solo"],
+        cwd=ROOT,
+        env={**env(broker_url, lock_nodes, witness), "CR_BAD": bad},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    problem = NAMESPACED_PROBLEMS[bad]
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"Error: celery_redlock: {problem}" in done.stderr.splitlines()
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "redlock_" not in (done.stdout + done.stderr).replace("REDLOCK_", "")
+
+
+@pytest.mark.parametrize("bad", sorted(NAMESPACED_PROBLEMS))
+def test_redlock_check_names_a_bad_namespaced_setting_as_written(
+    broker_url: str, lock_nodes: list[RedisServer], witness: RedisServer, bad: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.worker.namespaced", "redlock", "check"],
+        cwd=ROOT,
+        env={**env(broker_url, lock_nodes, witness), "CR_BAD": bad},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert NAMESPACED_PROBLEMS[bad] in done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_a_bad_namespaced_entry_is_told_when_a_publisher_sets_up_not_at_its_first_publish(
+    broker_url: str,
+    lock_nodes: list[RedisServer],
+    witness: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    for name, value in env(broker_url, lock_nodes, witness).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CR_BAD", "tasks")
+    sys.modules.pop("tests.worker.namespaced", None)
+    with caplog.at_level(logging.ERROR, logger="celery_redlock.hooks"):
+        module = importlib.import_module("tests.worker.namespaced")
+    try:
+        told = [r.getMessage() for r in caplog.records if r.name == "celery_redlock.hooks"]
+        assert told == [f"celery_redlock configuration error: {NAMESPACED_PROBLEMS['tasks']}"]
+        # Publishing still refuses an entry it cannot apply, naming it the same way.
+        with pytest.raises(ConfigurationError, match=r"CELERY_REDLOCK_TASKS\['namespaced"):
+            module.report.delay("today")
+    finally:
+        sys.modules.pop("tests.worker.namespaced", None)
+        config.forget(module.app)
+        module.app.close()
