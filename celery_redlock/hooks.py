@@ -47,6 +47,7 @@ from .config import (
 )
 from .errors import ConfigurationError
 from .policies import TaskPolicy
+from .publication import watch_beat
 from .task_table import StartupRefused, apply_entries, check_entries, watch_registrations
 
 __all__ = [
@@ -74,6 +75,7 @@ def setup(app: Any) -> None:
     """
     app.steps["worker"].add(RedlockStartupCheck)
     connect_cleanup()
+    watch_beat()
     if getattr(app, "_redlock_setup", False):
         return
     if app.configured or getattr(app, "_config_source", None) is not None:

@@ -8,14 +8,25 @@ from the count made when the run starts. A singleton publish takes the
 singleton lock for the new task id first, and a duplicate gets the queued
 task's ``AsyncResult`` back (or :class:`~celery_redlock.errors.DuplicateTask`).
 What the worker does with the message is :mod:`.run`'s job.
+
+Two beat processes on one schedule publish each tick once. Ticks of a
+crontab fall at the same time in both; a publish takes the tick's lock for
+``singleton_beat_window``. Ticks of an interval entry fall wherever each beat
+started (every 4 s from its own start): a publish also takes the lock of its
+schedule slot, the wall clock divided by the interval (read from the beat
+schedule of this process, :func:`watch_beat`), held for one interval.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+import weakref
 from typing import Any
 
 from celery import Task, states
+from celery import signals as celery_signals
+from celery.schedules import schedule as interval_schedule
 from celery.utils import uuid
 
 from . import debounce, signals
@@ -29,7 +40,7 @@ from .rategate import RateGate
 from .redlock import Lock
 from .singleton import beat_tick_name, task_id_of
 
-__all__ = ["Publication"]
+__all__ = ["Publication", "watch_beat"]
 
 logger = logging.getLogger("celery_redlock.task")
 
@@ -37,6 +48,18 @@ logger = logging.getLogger("celery_redlock.task")
 _BEAT_HEADER = "celery_beat_task"
 #: Attempts at the singleton lock while its holder changes under us.
 _SINGLETON_ATTEMPTS = 3
+#: The beat service running in this process, once started (:func:`watch_beat`).
+_beat_service: weakref.ref[Any] | None = None
+
+
+def watch_beat() -> None:
+    """Note the beat service this process starts, so that its publishes know their schedule."""
+    celery_signals.beat_init.connect(_on_beat_init, weak=False)
+
+
+def _on_beat_init(sender: Any = None, **_: Any) -> None:
+    global _beat_service
+    _beat_service = weakref.ref(sender) if sender is not None else None
 
 
 class Publication:
@@ -110,19 +133,20 @@ class Publication:
         key = singleton.names(task.name, self.args, self.kwargs)[-1]
         redlock = redlock_for(task.app)
         if self.from_beat:
-            tick = redlock.lock(
-                beat_tick_name(key),
-                ttl=singleton.beat_window,
-                owner=LockValue.owner_text(task_id, BEAT),
-            )
-            try:
-                fresh_tick = tick.acquire(blocking=False)
-            except QuorumUnavailable:
-                fresh_tick = True  # the singleton lock below still applies
-            if not fresh_tick:
-                # Another beat published this tick already; the lock expires by itself.
-                holder_id = task_id_of(redlock.holder(beat_tick_name(key))) or task_id
-                return self._duplicate(key, holder_id)
+            ticks = [(beat_tick_name(key), singleton.beat_window)]
+            interval = self._beat_interval(singleton, key)
+            if interval is not None:
+                slot = int(time.time() // interval)
+                ticks.append((f"{beat_tick_name(key)}:{slot}", interval))
+            for name, ttl in ticks:
+                tick = redlock.lock(name, ttl=ttl, owner=LockValue.owner_text(task_id, BEAT))
+                try:
+                    fresh_tick = tick.acquire(blocking=False)
+                except QuorumUnavailable:
+                    fresh_tick = True  # the singleton lock below still applies
+                if not fresh_tick:
+                    # Another beat published this tick already; the lock expires by itself.
+                    return self._duplicate(key, task_id_of(redlock.holder(name)) or task_id)
         lock: Lock | None = redlock.lock(
             key, ttl=singleton.ttl, owner=LockValue.owner_text(task_id, QUEUED)
         )
@@ -163,6 +187,33 @@ class Publication:
             if lock is not None:
                 lock.release()
             raise
+
+    def _beat_interval(self, singleton: SingletonPolicy, key: str) -> float | None:
+        """Seconds between the ticks of this process's beat entry that published ``key``.
+
+        ``None`` when no interval entry (longer than ``singleton_beat_window``)
+        sends this task with these arguments: a crontab's ticks need no slot.
+        """
+        service = _beat_service() if _beat_service is not None else None
+        try:
+            entries = list(service.scheduler.schedule.values()) if service is not None else []
+        except Exception:  # a scheduler that cannot list its entries: the window alone applies
+            return None
+        for entry in entries:
+            every = entry.schedule
+            if (
+                getattr(entry, "task", None) != self.task.name
+                or type(every) is not interval_schedule
+                or every.seconds <= singleton.beat_window
+            ):
+                continue
+            try:
+                names = singleton.names(self.task.name, entry.args or (), entry.kwargs or {})
+            except Exception:  # arguments this singleton cannot key: not this publish
+                continue
+            if names[-1] == key:
+                return float(every.seconds)
+        return None
 
     def _revoked_in_queue(self, key: str, value: str | None) -> bool:
         """Free singleton ``key`` if its holder was revoked before it started.

@@ -43,7 +43,7 @@ from .errors import ConfigurationError
 from .heartbeat import heartbeat
 from .options import OPTION_NAMES, check_attributes
 from .policies import TaskPolicy
-from .publication import Publication
+from .publication import Publication, watch_beat
 from .redlock import Lock
 from .run import TaskRun
 
@@ -113,7 +113,8 @@ class LockedTask(Task):  # type: ignore[misc]
     #: A duplicate publish: ``"return"`` the queued task's result (default) or ``"raise"``.
     on_duplicate: str | None = None
     #: Beat publishes this close together (seconds) are one tick (default 0.5):
-    #: two beat processes on one schedule publish once.
+    #: two beat processes on one schedule publish once (an interval entry's
+    #: ticks are also one per slot of the interval: see :mod:`.publication`).
     singleton_beat_window: float | None = None
     #: ``"one"`` (default): one queued-or-running copy; ``"queued"``: one running
     #: copy plus at most one queued follow-up (see :mod:`.followup`).
@@ -170,6 +171,7 @@ class LockedTask(Task):  # type: ignore[misc]
         cls._redlock_plain_call = _next_call(cls) is Task.__call__
         # Bad settings stop the worker at start-up, not at its first task.
         app.steps["worker"].add(STARTUP_STEP)
+        watch_beat()  # a beat process's publishes find their schedule entry
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the task body inside its limits and locks (in the worker, or eagerly).

@@ -313,6 +313,40 @@ def test_two_beats_on_one_schedule_run_each_tick_once(
     assert overlaps(app.witness.events()) == 0
 
 
+def test_two_beats_started_apart_run_each_interval_tick_once(
+    app: Celery, beat_process: Any, tmp_path: Any
+) -> None:
+    # An interval entry ticks from each beat's own start: beats started 1.5 s
+    # apart send each 4 s tick 1.5 s apart, far outside singleton_beat_window.
+    every = 4.0
+    app.witness.client.set("beat-on", 1)
+    gated = "tests.worker.support:GatedScheduler"
+    logs = [tmp_path / f"beat{n}.log" for n in range(2)]
+    with in_process_worker(app, "threads"):
+        beats = [beat_process(every, scheduler=gated)]
+        time.sleep(1.5)
+        beats.append(beat_process(every, scheduler=gated))
+        deadline = time.monotonic() + 120
+        while min(log.read_text().count("Sending due task") for log in logs) < 6:
+            assert time.monotonic() < deadline, [log.read_text()[-2000:] for log in logs]
+            time.sleep(0.1)
+        app.witness.client.delete("beat-on")
+        time.sleep(2.0)  # the last publish's run (0.1 s) is over by now
+        for beat in beats:
+            beat.terminate()
+            beat.wait(10)
+    sends = [send_times(log.read_text()) for log in logs]
+    every_send = sorted(t for times in sends for t in times)
+    span = every_send[-1] - every_send[0]
+    ran = len(runs(app, "single:11"))
+    # One run per interval of the span, plus one for each end; both beats'
+    # sends together are twice that. A beat's own sends are an interval apart
+    # or more, each a tick no other beat's send may drop but one within the window.
+    assert ran <= span / every + 2, (ran, span, sends)
+    assert ran >= max(map(len, sends)) - 2, (ran, span, sends)
+    assert overlaps(app.witness.events()) == 0
+
+
 def send_times(log: str) -> list[float]:
     """When a beat log says it sent a task (seconds, from its timestamps)."""
     found = re.findall(
