@@ -16,6 +16,8 @@ cite it in their headers. Keys, for a ``key_prefix`` of ``"redlock:"``::
                                 name whose CRC-32 is n modulo 1024
     redlock:done:<task id>      a run of that task id ended (short-lived; see
                                 celery_redlock/copies.py)
+    redlock:{delivery:<task id>}  a lock: a run of that task id waits or runs
+                                (copies.delivery_name)
     redlock:rate:{<key>}:<alg>       a rate limit's state under one algorithm
     redlock:rate:{<key>}:<alg>:pace  the long-run pace of a fractional fixed/sliding limit
     redlock:rate:{<key>}:<budget>:<alg>[:pace]  the same for a separate budget of the limit

@@ -21,7 +21,14 @@ overwrites the twin's result. So:
 - a run that may have been overtaken by its own copy (it has an ``eta``, or
   it is a singleton, whose worker may have held it while the broker
   delivered it again) looks for the done mark only: the copy, if it ran,
-  left one.
+  left one;
+- a run whose message may come again and that may wait (for its lock, with
+  a ``lock_timeout``, or for a concurrency slot, which no copy can tell from
+  another run's) first holds its task id's *delivery lock*
+  (:func:`delivery_name`), renewed like its other locks, until its done mark
+  is written. A copy delivered while it waits or runs finds that lock held by
+  its own task id and is re-queued behind it, so the look for a done mark
+  is never made by two copies at once, before or after a wait.
 
 Other runs neither write nor read anything more. Without a result backend
 the mark alone tells: a copy arriving more than ``2 * lock_ttl`` after its
@@ -59,6 +66,7 @@ from .singleton import task_id_of
 __all__ = [
     "DONE_TTL_FACTOR",
     "WINNER_HEADER",
+    "delivery_name",
     "finished",
     "held_at_most",
     "in_canvas",
@@ -82,6 +90,11 @@ WINNER_HEADER = "redlock_winner"
 _DEFAULT_VISIBILITY = {"sqs": 30.0}
 #: Longest wait, in seconds, before a waiting canvas copy looks at its winner again.
 _WINNER_POLL = 2.0
+
+
+def delivery_name(task_id: str) -> str:
+    """The name of the lock a run of ``task_id`` holds while it waits and runs."""
+    return f"delivery:{task_id}"
 
 
 def redelivered(request: Any) -> bool:

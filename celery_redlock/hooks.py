@@ -45,6 +45,7 @@ from .config import (
     redlock_for,
     settings_for,
 )
+from .copies import delivery_name
 from .errors import ConfigurationError
 from .policies import TaskPolicy
 from .publication import watch_beat
@@ -175,7 +176,7 @@ def free_by_owner(task: Any, task_id: str | None, args: Any, kwargs: Any, where:
     if not isinstance(policy, TaskPolicy) or not task_id or not enabled_for(task.app):
         return
     try:
-        names = policy.lock_names(args or (), kwargs or {})
+        names = [*policy.lock_names(args or (), kwargs or {}), delivery_name(task_id)]
         redlock = redlock_for(task.app)
         for name in names:
             if redlock.release_owner(name, task_id, where):

@@ -5,6 +5,7 @@ resolved policy, the call's arguments and the locks it holds -- the way
 Celery's own ``Request`` carries a delivery. It goes through, in order: the
 twin check, the debounce check (:mod:`.debounce`), a look at the global
 rate limit (so a limited run is re-queued before it touches a lock), the
+delivery lock of a run that may wait and have copies (:mod:`.copies`), the
 singleton lock (taken over from the publisher; in ``"queued"`` mode see
 :mod:`.followup`), the run lock, a slot of the concurrency limit
 (:mod:`.concurrency`), and the rate limit's count (so only a run that starts
@@ -46,6 +47,7 @@ from .config import redlock_for
 from .copies import (
     DONE_TTL_FACTOR,
     WINNER_HEADER,
+    delivery_name,
     in_canvas,
     leaves_mark,
     look_at_winner,
@@ -97,6 +99,9 @@ class TaskRun(RunSetbacks):
         #: The locks held, in the order taken: singleton, run lock, then the
         #: concurrency slot (a :class:`Semaphore` slot, renewed like a lock).
         self.held: list[HeldLock] = []
+        #: The lock on this task id held while the run waits and runs, if it
+        #: takes one (see :mod:`.copies`); released after the others.
+        self.delivery: HeldLock | None = None
         self.task_id: str = self.request.id or f"direct-{os.urandom(8).hex()}"
 
     @classmethod
@@ -145,6 +150,8 @@ class TaskRun(RunSetbacks):
         _runs.stack.append(self)
         requeued = started = False
         try:
+            if delivered and (copy or leaves_mark(self.task, request)) and _may_wait(policy):
+                self.delivery = self.own_delivery()
             if policy.singleton is not None:
                 name = policy.singleton.name(self.task.name, self.args, self.kwargs)
                 if policy.singleton.mode == "queued":
@@ -235,6 +242,27 @@ class TaskRun(RunSetbacks):
         """Release every lock of the run, last taken first; safe to call twice."""
         for held in reversed(self.held):
             self.release(held, requeued=requeued)
+        delivery, self.delivery = self.delivery, None
+        if delivery is not None:  # no lock of the task: no signal, no loss to tell
+            heartbeat().drop(delivery)
+            delivery.lock.release()
+
+    def own_delivery(self) -> HeldLock:
+        """Hold this task id's delivery lock: a copy delivered meanwhile is re-queued behind us."""
+        name = delivery_name(self.task_id)
+        owner = LockValue.owner_text(self.task_id, self.worker())
+        lock = redlock_for(self.task.app).lock(name, ttl=self.ttl, owner=owner)
+        try:
+            acquired = lock.acquire(blocking=False)
+        except QuorumUnavailable as exc:
+            self.requeue_unavailable(f"lock {name!r} not taken", exc)
+        if not acquired:
+            self.requeue_behind_twin(name, lock)
+        return heartbeat().hold(
+            lock,
+            task_id=self.task_id,
+            progress_timeout=self.policy.progress_timeout,
+        )
 
     def release(self, held: HeldLock, *, requeued: bool = False) -> None:
         """Stop renewing and release one lock; safe to call twice.
@@ -305,6 +333,12 @@ class TaskRun(RunSetbacks):
             reason=reason,
             code=held.lost_code,
         )
+
+
+def _may_wait(policy: TaskPolicy) -> bool:
+    """Whether a run may wait for its lock or a slot, or hold a slot beside a copy of itself."""
+    lock = policy.lock
+    return policy.concurrency is not None or (lock is not None and lock.timeout > 0)
 
 
 def _is_slot(held: HeldLock) -> bool:

@@ -68,6 +68,14 @@ def add_tasks(app: Celery) -> None:
             raise self.retry(countdown=2)
         return body(self, f"retry_once:{n}", 0.2)
 
+    @task(name="c.limited", concurrency_limit=1, concurrency_key="limited", lock_timeout=20.0)
+    def limited(self: Any, n: int, duration: float) -> str:
+        return body(self, f"limited:{n}", duration)
+
+    @task(name="c.waiting", lock_key="waiting", lock_timeout=20.0)
+    def waiting(self: Any, n: int, duration: float) -> str:
+        return body(self, f"waiting:{n}", duration)
+
     @app.task(shared=False, name="c.collect")
     def collect(values: list[str]) -> list[str]:
         client.rpush("collected", *values)
@@ -219,6 +227,44 @@ def test_copies_of_a_message_held_for_its_countdown_run_once(
         meta = app.backend.get_task_meta(task_id)
         assert meta["status"] == states.SUCCESS
         assert meta["result"] == value
+
+
+@pytest.mark.parametrize("name", ["limited", "waiting"], ids=["slot", "lock"])
+@pytest.mark.parametrize("backend", ["redis", "none"], ids=["result-backend", "no-backend"])
+def test_a_run_waiting_longer_than_the_visibility_timeout_runs_once(
+    make_app: Any, broker_url: str, deliveries: Deliveries, name: str, backend: str
+) -> None:
+    # The first run holds the only slot (or the lock) for 4 s; the second
+    # waits for it (lock_timeout 20 s) while the broker delivers each message
+    # again every second. Every copy that comes meanwhile must not run.
+    conf: dict[str, Any] = {"result_backend": "disabled"} if backend == "none" else {}
+    app = make_app(
+        task_acks_late=True,
+        redlock_default_ttl=2.0,
+        broker_transport_options=SHORT_VISIBILITY,
+        **conf,
+    )
+    add_tasks(app)
+    task = app.tasks[f"c.{name}"]
+    with in_process_worker(app, "threads", concurrency=4):
+        first = task.delay(0, 4.0)
+        deadline = time.monotonic() + 30
+        while not runs(app, f"{name}:0"):
+            assert time.monotonic() < deadline, "the first run did not start"
+            time.sleep(0.05)
+        second = task.delay(1, 0.2)
+        deadline = time.monotonic() + 60
+        while None in (deliveries.first_end(first.id), deliveries.first_end(second.id)):
+            assert time.monotonic() < deadline, "the runs did not end"
+            time.sleep(0.05)
+        wait_until_quiet(broker_url, app.conf.task_default_queue)
+    # The test saw what it is about: the waiting run's message came again.
+    assert sum(tid == second.id for tid, _ in deliveries.started) >= 2, deliveries.started
+    assert runs(app, f"{name}:0") == 1
+    assert runs(app, f"{name}:1") == 1
+    if backend == "redis":
+        for result in (first, second):
+            assert app.backend.get_task_meta(result.id)["status"] == states.SUCCESS
 
 
 def test_a_retry_runs_though_its_copies_are_dropped(make_app: Any, broker_url: str) -> None:
