@@ -102,6 +102,9 @@ class TaskRun(RunSetbacks):
         #: The lock on this task id held while the run waits and runs, if it
         #: takes one (see :mod:`.copies`); released after the others.
         self.delivery: HeldLock | None = None
+        #: The run lock of an eager run whose caller, on this thread, holds it:
+        #: the run goes on under the caller's hold, and never releases it.
+        self.borrowed: HeldLock | None = None
         self.task_id: str = self.request.id or f"direct-{os.urandom(8).hex()}"
 
     @classmethod
@@ -115,7 +118,8 @@ class TaskRun(RunSetbacks):
     @property
     def exposed(self) -> HeldLock | None:
         """The lock the task exposes as ``self.lock``: the run lock, else the singleton."""
-        return next((held for held in reversed(self.held) if not _is_slot(held)), None)
+        held = next((held for held in reversed(self.held) if not _is_slot(held)), None)
+        return held or self.borrowed
 
     @property
     def slot(self) -> HeldLock | None:
@@ -160,7 +164,9 @@ class TaskRun(RunSetbacks):
                     self.held.append(self.take(name, replaces=queued_marker(self.task_id)))
             if policy.lock is not None:
                 name = policy.lock.key.render(self.args, self.kwargs)
-                self.held.append(self.take(name, lock_policy=policy.lock))
+                self.borrowed = _held_on_this_thread(name) if request.is_eager else None
+                if self.borrowed is None:
+                    self.held.append(self.take(name, lock_policy=policy.lock))
             if check:
                 self.drop_if_finished(backend=copy)
             if policy.concurrency is not None:
@@ -333,6 +339,15 @@ class TaskRun(RunSetbacks):
             reason=reason,
             code=held.lost_code,
         )
+
+
+def _held_on_this_thread(name: str) -> HeldLock | None:
+    """The lock ``name`` if a run in progress on this thread holds it (re-entrant eager runs)."""
+    for run in reversed(_runs.stack):
+        for held in run.held:
+            if held.lock.name == name and not held.released and not _is_slot(held):
+                return held
+    return None
 
 
 def _may_wait(policy: TaskPolicy) -> bool:

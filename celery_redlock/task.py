@@ -25,6 +25,11 @@ Two ways skip all of that and run the body as a plain function:
 dies (hard time limit, revoke with terminate, a crashed pool process) the
 worker's main process frees its locks (:mod:`.hooks`); if the whole worker
 dies, they expire within their ttl.
+
+An eager run started inside a run that holds the same run lock on the same
+thread (a body calling ``other.apply(...)`` with the same ``lock_key``) is
+re-entrant: it runs under its caller's hold and leaves the lock to it,
+instead of finding its caller's lock busy.
 """
 
 from __future__ import annotations

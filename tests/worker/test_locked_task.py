@@ -186,6 +186,31 @@ def test_killed_worker_lock_expires_within_its_ttl(
     assert time.monotonic() - killed <= 2.0 + 1.0
 
 
+def test_apply_inside_a_run_holding_the_same_lock_runs_under_its_hold(
+    make_app: Any, lock_nodes: list[RedisServer]
+) -> None:
+    app = make_app()
+
+    @app.task(base=LockedTask, bind=True, shared=False, name="r.inner", lock_key="acct:{n}")
+    def inner(self: Any, n: int) -> int | None:
+        return self.lock.fencing_token if self.lock is not None else None
+
+    @app.task(base=LockedTask, bind=True, shared=False, name="r.outer", lock_key="acct:{n}")
+    def outer(self: Any, n: int) -> list[Any]:
+        nested = inner.apply((n,)).get()
+        other = inner.apply((n + 1,)).get()  # another key: a lock of its own
+        return [self.lock.fencing_token, nested, other, free_now(lock_nodes, f"acct:{n}")]
+
+    with in_process_worker(app, "threads"):
+        token, nested, other, freed = outer.delay(1).get(timeout=30)
+    assert nested == token  # the caller's hold, not a lock of its own
+    assert other is not None
+    assert other != token
+    assert freed is False  # the nested run left the caller's lock alone
+    assert free_now(lock_nodes, "acct:1")
+    assert free_now(lock_nodes, "acct:2")
+
+
 def test_eager_mode_follows_the_same_rules(make_app: Any, lock_nodes: list[RedisServer]) -> None:
     app = make_app(task_always_eager=True)
     result = app.tasks["t.long"].delay(1.2)
