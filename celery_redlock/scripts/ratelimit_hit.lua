@@ -36,7 +36,15 @@
 --
 -- Every argument and every override is checked before anything is written;
 -- a bad one is an error reply and nothing changes. Every key written gets a
--- ttl. Work is O(1) per gcra or fixed limit and O(log n) per sliding limit,
+-- ttl.
+--
+-- State is judged against the limit in force (the override, or the given
+-- limit once the override is cleared or has lapsed): no state keeps a hit
+-- waiting longer than the limit in force could have made it wait. State left
+-- by a longer window is cut down to what the limit in force could have written
+-- itself, and rewritten so: a gcra or pace arrival time to at most ceil(limit)
+-- intervals ahead of now, a sliding bucket to end no later than the current
+-- bucket, a fixed window to end within one period. Work is O(1) per gcra or fixed limit and O(log n) per sliding limit,
 -- n being the members of its log (at most one per bucket: 1,001 in the window,
 -- plus a tail trimmed by at most 16 per admitted hit); the retry_after of a refused
 -- sliding hit takes a binary search, O(log^2 n).
@@ -108,8 +116,15 @@ local function bad_rate(algorithm, limit, period_us)
     return nil
 end
 
--- "B O" -> time from now to B + O in microseconds, or nil when absent or unreadable.
-local function ahead_of(key, now)
+-- Milliseconds for PEXPIRE to keep a key `us` microseconds: rounded up, plus
+-- one, since Redis may count the ttl from the start of the current millisecond.
+local function keep_ms(us)
+    return ceil(us / 1000) + 1
+end
+
+-- "B O" -> (time from now to B + O in microseconds, at most `most`; true if it
+-- was cut down to `most`), or nil when absent or unreadable.
+local function ahead_of(key, now, most)
     local value = call('GET', key)
     if not value then
         return nil
@@ -119,13 +134,11 @@ local function ahead_of(key, now)
     if not finite(b) or not finite(o) or o < 0 then
         return nil
     end
-    return (b - now) + o
-end
-
--- Milliseconds for PEXPIRE to keep a key `us` microseconds: rounded up, plus
--- one, since Redis may count the ttl from the start of the current millisecond.
-local function keep_ms(us)
-    return ceil(us / 1000) + 1
+    local ahead = (b - now) + o
+    if ahead > most + EPSILON_US then
+        return most, true
+    end
+    return ahead, false
 end
 
 -- Store a time `ahead` microseconds from now, kept for `keep` microseconds.
@@ -204,11 +217,11 @@ local function evaluate_pace(l, window)
     -- long-run average of a fractional limit.
     local interval = window / l.limit
     local burst = ceil(l.limit) * interval
-    local ahead = ahead_of(l.pace, now)
+    local ahead, stale = ahead_of(l.pace, now, burst)
     local start = max(ahead or 0, 0)
     local after = start + cost * interval
     local ok = after <= burst + EPSILON_US
-    l.pace_ahead, l.pace_after = ahead, after
+    l.pace_after, l.pace_stale = after, stale
     l.pace_ok = ok
     l.pace_retry = ok and 0 or (after - burst)
     l.pace_reset = start
@@ -221,8 +234,8 @@ local function evaluate(l)
     if l.algorithm == 'gcra' then
         local window = l.period_us + margin
         local interval = window / l.limit
-        local ahead = ahead_of(l.state, now)
-        l.interval, l.window = interval, window
+        local ahead, stale = ahead_of(l.state, now, window_limit * interval)
+        l.interval, l.window, l.stale = interval, window, stale
         -- A hit of cost c is admitted c - 1 slots after the theoretical
         -- arrival time: the units before it then leave room for its c units
         -- in every window of one period that holds it.
@@ -235,7 +248,11 @@ local function evaluate(l)
         l.room = window_limit - ceil(max(ahead or 0, 0) / interval - EPSILON_US)
     elseif l.algorithm == 'sliding' then
         local window = l.period_us + margin
-        l.window = window
+        local width = max(1, floor(window / BUCKETS))
+        -- Buckets ending after the current one (left by a longer window, or
+        -- a clock stepped back) count as ending with it; written so below.
+        local current_end = (floor(now / width) + 1) * width
+        l.window, l.width, l.current_end = window, width, current_end
         local newest = call('ZRANGE', l.state, -1, -1, 'WITHSCORES')
         local total, newest_end = 0, nil
         local used = 0
@@ -243,6 +260,9 @@ local function evaluate(l)
             total, newest_end = tonumber(newest[1]), tonumber(newest[2])
             local base = call('ZREVRANGEBYSCORE', l.state, num_text(now - window), '-inf', 'LIMIT', 0, 1)
             used = total - (tonumber(base[1]) or 0)
+            if newest_end > current_end then
+                newest_end, l.stale = current_end, true
+            end
         end
         l.total, l.newest_member, l.newest_end = total, newest[1], newest_end
         l.ok = used + cost <= window_limit
@@ -270,7 +290,7 @@ local function evaluate(l)
                 end
                 leaving = call('ZRANGE', l.state, lo, lo, 'WITHSCORES')
             end
-            l.retry = tonumber(leaving[2]) + window - now
+            l.retry = min(tonumber(leaving[2]), current_end) + window - now
         end
     else -- fixed
         local value = call('GET', l.state)
@@ -285,9 +305,10 @@ local function evaluate(l)
         if count > 0 then
             local ttl = call('PTTL', l.state)
             ttl_us = (ttl > 0) and ttl * 1000 or 0
-            if ttl == -1 then
-                -- a counter without a ttl would never reset: its window starts over
-                l.no_ttl = true
+            if ttl == -1 or ttl_us > l.period_us then
+                -- a window without a ttl would never end, and one longer than
+                -- the period in force is another limit's: it ends within one period
+                l.stale = true
                 ttl_us = l.period_us
             end
         end
@@ -332,8 +353,10 @@ for _, l in ipairs(limits) do
             store_ahead(l.state, now, cost * l.interval, l.reset)
             l.room = ceil(l.limit) - cost
         elseif l.algorithm == 'sliding' then
-            local width = max(1, floor(l.window / BUCKETS))
-            local bucket_end = (floor(now / width) + 1) * width
+            local bucket_end = l.current_end
+            if l.stale then
+                call('ZREMRANGEBYSCORE', l.state, '(' .. int_text(bucket_end), '+inf')
+            end
             if l.newest_end and bucket_end <= l.newest_end then
                 -- The same bucket (or the clock stepped back): add to the newest.
                 call('ZREM', l.state, l.newest_member)
@@ -345,7 +368,7 @@ for _, l in ipairs(limits) do
             l.room = l.room - cost
         else -- fixed
             call('INCRBY', l.state, cost)
-            if l.count == 0 or l.no_ttl then
+            if l.count == 0 or l.stale then
                 call('PEXPIRE', l.state, l.period_us / 1000)
                 l.reset = l.period_us
             end
@@ -357,9 +380,16 @@ for _, l in ipairs(limits) do
             l.room = min(l.room, floor((ceil(l.limit) * l.pace_interval - l.pace_after) / l.pace_interval + EPSILON_US))
         end
     else
-        -- Nothing counted. Give back a ttl to state something else left without one.
-        if l.no_ttl then
+        -- Nothing counted. Write back state cut down to the limit in force, and
+        -- give back a ttl to state something else left without one.
+        if l.stale and l.algorithm == 'fixed' then
             call('PEXPIRE', l.state, l.period_us / 1000)
+        elseif l.stale and l.algorithm == 'gcra' then
+            store_ahead(l.state, now, ceil(l.limit) * l.interval, l.reset)
+        elseif l.stale then
+            call('ZREMRANGEBYSCORE', l.state, '(' .. int_text(l.current_end), '+inf')
+            call('ZADD', l.state, int_text(l.current_end), l.newest_member)
+            call('PEXPIRE', l.state, keep_ms(l.reset))
         elseif call('PTTL', l.state) == -1 then
             if l.reset > 0 then
                 call('PEXPIRE', l.state, keep_ms(l.reset))
@@ -367,7 +397,9 @@ for _, l in ipairs(limits) do
                 call('DEL', l.state)
             end
         end
-        if l.pace_interval and call('PTTL', l.pace) == -1 then
+        if l.pace_stale then
+            store_ahead(l.pace, now, l.pace_reset, l.pace_reset)
+        elseif l.pace_interval and call('PTTL', l.pace) == -1 then
             if l.pace_reset > 0 then
                 call('PEXPIRE', l.pace, keep_ms(l.pace_reset))
             else

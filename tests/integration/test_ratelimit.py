@@ -789,6 +789,32 @@ def test_an_override_below_the_cost_refuses_until_it_expires(limiter):
     assert 29 < decision.retry_after <= 30
 
 
+@each_algorithm
+@pytest.mark.parametrize("ends", ["cleared", "lapsed"])
+def test_an_override_that_ends_leaves_no_wait_beyond_the_limit_in_force(limiter, algorithm, ends):
+    # "1/d" for a moment, one unit under it, then "10/s" again: no client may
+    # be told to wait longer than "10/s" allows (one period, with room for the
+    # largest cost), and a client that waits as told is admitted.
+    limiter.set_override("api:acme", "1/d", ttl=0.3 if ends == "lapsed" else 60)
+    assert limiter.hit("api:acme", "10/s", algorithm=algorithm).allowed
+    if ends == "cleared":
+        assert limiter.clear_override("api:acme")
+    else:
+        time.sleep(0.4)
+    assert limiter.get_override("api:acme") is None
+    for _ in range(3):
+        for _ in range(11):
+            decision = limiter.hit("api:acme", "10/s", algorithm=algorithm)
+            assert not decision.limits[0].overridden
+            assert decision.retry_after <= 1.0 + 0.001, decision
+            assert decision.reset_after <= 2.0 + 0.001, decision
+            if not decision.allowed:
+                break
+        assert not decision.allowed  # eleven hits in well under a second
+        time.sleep(decision.retry_after + 0.005)
+        assert limiter.hit("api:acme", "10/s", algorithm=algorithm).allowed
+
+
 def test_a_broken_override_is_an_error_not_a_silent_default(limiter, client):
     name = RateKeys("redlock:rate:").override("api:acme")
     client.hset(name, mapping={"limit": "many", "period_us": "60000000"})
@@ -796,6 +822,40 @@ def test_a_broken_override_is_an_error_not_a_silent_default(limiter, client):
     with pytest.raises(errors.RateLimiterUnavailable, match="override"):
         limiter.hit("api:acme", "5/m")
     assert client.keys() == [name.encode()]
+
+
+def _pace(limiter, algorithm):
+    return limiter.state_key("k", algorithm) + ":pace"
+
+
+#: State a limit could write but far ahead of the server's clock (planted, or
+#: a clock stepped back): ``(algorithm, rate, key of the state, value)``.
+FAR_AHEAD = [
+    pytest.param("gcra", "10/s", None, "1 5000000000000000", id="gcra"),
+    pytest.param("sliding", "10/s", None, [(b"10", 1e20)], id="sliding"),
+    pytest.param("fixed", "10/s", None, "10", id="fixed"),
+    pytest.param("sliding", "2.5/s", _pace, "1 5000000000000000", id="pace"),
+]
+
+
+@pytest.mark.parametrize(("algorithm", "rate", "where", "value"), FAR_AHEAD)
+def test_state_far_ahead_waits_no_longer_than_the_limit_in_force(
+    limiter, client, algorithm, rate, where, value
+):
+    name = where(limiter, algorithm) if where else limiter.state_key("k", algorithm)
+    if isinstance(value, list):
+        client.zadd(name, dict(value))
+    else:
+        client.set(name, value)
+    client.expire(name, 10**9)  # some 30 years
+    for call in (limiter.peek, limiter.hit):
+        decision = call("k", rate, algorithm=algorithm)
+        assert not decision.allowed
+        assert 0 < decision.retry_after <= 1.2 + 0.001, decision
+        assert decision.reset_after <= 2.4 + 0.001, decision
+        assert 0 < client.pttl(name) <= 2401
+    time.sleep(decision.retry_after + 0.005)
+    assert limiter.hit("k", rate, algorithm=algorithm).allowed
 
 
 # -- when Redis is down ----------------------------------------------------------------
