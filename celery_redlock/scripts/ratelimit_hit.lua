@@ -44,7 +44,10 @@
 -- by a longer window is cut down to what the limit in force could have written
 -- itself, and rewritten so: a gcra or pace arrival time to at most ceil(limit)
 -- intervals ahead of now, a sliding bucket to end no later than the current
--- bucket, a fixed window to end within one period. Work is O(1) per gcra or fixed limit and O(log n) per sliding limit,
+-- bucket, a fixed window to end within one period.
+-- State that no limit could have written (not a whole count, not an exact
+-- time) is an error naming its key, as a bad override is; the key is given a
+-- ttl of at most one window, so the limit works again after it at the latest. Work is O(1) per gcra or fixed limit and O(log n) per sliding limit,
 -- n being the members of its log (at most one per bucket: 1,001 in the window,
 -- plus a tail trimmed by at most 16 per admitted hit); the retry_after of a refused
 -- sliding hit takes a binary search, O(log^2 n).
@@ -61,6 +64,8 @@ local BUCKETS = 1000
 local TRIM_PER_CALL = 16
 -- Float noise allowed when comparing sums of intervals, microseconds.
 local EPSILON_US = 1e-6
+-- Stored counts and times beyond this (2^53) are not exact: no limit writes them.
+local MAX_EXACT = 9007199254740992
 
 -- Globals read once: a local is cheaper than a global lookup on every use.
 local call, tonumber, ceil, floor, max, min, huge, format =
@@ -122,17 +127,36 @@ local function keep_ms(us)
     return ceil(us / 1000) + 1
 end
 
+-- A count or time as stored: a number from 0 to MAX_EXACT (whole, for a count).
+local function stored(x, count)
+    return finite(x) and x >= 0 and x <= MAX_EXACT and (not count or whole(x))
+end
+
+-- The reason a limit's state cannot be used, after giving its key a ttl of at
+-- most `keep` microseconds: the limit works again once it expires.
+local function bad_state(key, keep, what)
+    local ttl = call('PTTL', key)
+    if ttl == -1 or ttl > keep_ms(keep) then
+        call('PEXPIRE', key, keep_ms(keep))
+    end
+    return 'the state in ' .. key .. ' is not ' .. what .. '; reset the limit, or wait ' ..
+        keep_ms(keep) .. ' ms for it to expire'
+end
+
 -- "B O" -> (time from now to B + O in microseconds, at most `most`; true if it
--- was cut down to `most`), or nil when absent or unreadable.
+-- was cut down to `most`), nil when absent, or nil and the reason it is unusable.
 local function ahead_of(key, now, most)
-    local value = call('GET', key)
+    local value = redis.pcall('GET', key)
     if not value then
         return nil
     end
-    local b, o = string.match(value, '^(%d+) (%S+)$')
+    local b, o
+    if type(value) == 'string' then
+        b, o = string.match(value, '^(%d+) (%S+)$')
+    end
     b, o = tonumber(b), tonumber(o)
-    if not finite(b) or not finite(o) or o < 0 then
-        return nil
+    if not stored(b, true) or not stored(o) then
+        return nil, nil, bad_state(key, most, 'an arrival time')
     end
     local ahead = (b - now) + o
     if ahead > most + EPSILON_US then
@@ -217,7 +241,10 @@ local function evaluate_pace(l, window)
     -- long-run average of a fractional limit.
     local interval = window / l.limit
     local burst = ceil(l.limit) * interval
-    local ahead, stale = ahead_of(l.pace, now, burst)
+    local ahead, stale, problem = ahead_of(l.pace, now, burst)
+    if problem then
+        return problem
+    end
     local start = max(ahead or 0, 0)
     local after = start + cost * interval
     local ok = after <= burst + EPSILON_US
@@ -227,6 +254,7 @@ local function evaluate_pace(l, window)
     l.pace_reset = start
     l.pace_room = floor((burst - start) / interval + EPSILON_US)
     l.pace_interval = interval
+    return nil
 end
 
 local function evaluate(l)
@@ -234,7 +262,10 @@ local function evaluate(l)
     if l.algorithm == 'gcra' then
         local window = l.period_us + margin
         local interval = window / l.limit
-        local ahead, stale = ahead_of(l.state, now, window_limit * interval)
+        local ahead, stale, problem = ahead_of(l.state, now, window_limit * interval)
+        if problem then
+            return problem
+        end
         l.interval, l.window, l.stale = interval, window, stale
         -- A hit of cost c is admitted c - 1 slots after the theoretical
         -- arrival time: the units before it then leave room for its c units
@@ -253,13 +284,21 @@ local function evaluate(l)
         -- a clock stepped back) count as ending with it; written so below.
         local current_end = (floor(now / width) + 1) * width
         l.window, l.width, l.current_end = window, width, current_end
-        local newest = call('ZRANGE', l.state, -1, -1, 'WITHSCORES')
+        local newest = redis.pcall('ZRANGE', l.state, -1, -1, 'WITHSCORES')
         local total, newest_end = 0, nil
         local used = 0
+        local not_log = 'a log of running totals'
+        if newest.err then
+            return bad_state(l.state, window, not_log)
+        end
         if newest[1] then
             total, newest_end = tonumber(newest[1]), tonumber(newest[2])
             local base = call('ZREVRANGEBYSCORE', l.state, num_text(now - window), '-inf', 'LIMIT', 0, 1)
-            used = total - (tonumber(base[1]) or 0)
+            local before = base[1] and tonumber(base[1]) or 0
+            if not stored(total, true) or not stored(before, true) or before > total then
+                return bad_state(l.state, window, not_log)
+            end
+            used = total - before
             if newest_end > current_end then
                 newest_end, l.stale = current_end, true
             end
@@ -282,7 +321,11 @@ local function evaluate(l)
                 local lo, hi = 0, call('ZCARD', l.state) - 1
                 while lo < hi do
                     local mid = floor((lo + hi) / 2)
-                    if tonumber(call('ZRANGE', l.state, mid, mid)[1]) >= target then
+                    local running = tonumber(call('ZRANGE', l.state, mid, mid)[1])
+                    if not stored(running, true) then
+                        return bad_state(l.state, window, not_log)
+                    end
+                    if running >= target then
                         hi = mid
                     else
                         lo = mid + 1
@@ -293,12 +336,12 @@ local function evaluate(l)
             l.retry = min(tonumber(leaving[2]), current_end) + window - now
         end
     else -- fixed
-        local value = call('GET', l.state)
+        local value = redis.pcall('GET', l.state)
         local count = 0
         if value then
             count = tonumber(value)
-            if not finite(count) or count < 0 or not whole(count) then
-                return 'the state in ' .. l.state .. ' is not a counter; reset the limit'
+            if type(value) ~= 'string' or not stored(count, true) then
+                return bad_state(l.state, l.period_us, 'a counter')
             end
         end
         local ttl_us = 0
@@ -319,7 +362,10 @@ local function evaluate(l)
         l.room = window_limit - count
     end
     if l.algorithm ~= 'gcra' and not whole(l.limit) then
-        evaluate_pace(l, l.window or l.period_us)
+        local problem = evaluate_pace(l, l.window or l.period_us)
+        if problem then
+            return problem
+        end
         if not l.pace_ok then
             l.ok = false
         end

@@ -7,6 +7,7 @@ import logging
 import math
 import multiprocessing
 import random
+import re
 import threading
 import time
 
@@ -828,6 +829,42 @@ def _pace(limiter, algorithm):
     return limiter.state_key("k", algorithm) + ":pace"
 
 
+#: State no limit writes, planted without a ttl: ``(algorithm, rate, key of the state, value)``.
+UNUSABLE_STATE = [
+    pytest.param("gcra", "10/s", None, "99999999999999999999 5", id="gcra-inexact-time"),
+    pytest.param("gcra", "10/s", None, "soon", id="gcra-text"),
+    pytest.param("gcra", "10/s", None, {"a": "1"}, id="gcra-a-hash"),
+    pytest.param("sliding", "10/s", None, [(b"many", 1.0)], id="sliding-text-total"),
+    pytest.param("sliding", "10/s", None, [(b"-3", 1.0)], id="sliding-negative-total"),
+    pytest.param("sliding", "10/s", None, "not a sorted set", id="sliding-a-string"),
+    pytest.param("fixed", "10/s", None, "1e30", id="fixed-inexact-count"),
+    pytest.param("fixed", "10/s", None, "2.5", id="fixed-fraction"),
+    pytest.param("sliding", "2.5/s", _pace, "5 1e300", id="pace-inexact-time"),
+]
+
+
+@pytest.mark.parametrize(("algorithm", "rate", "where", "value"), UNUSABLE_STATE)
+def test_state_no_limit_writes_is_an_error_naming_its_key_until_it_expires(
+    limiter, client, algorithm, rate, where, value
+):
+    name = where(limiter, algorithm) if where else limiter.state_key("k", algorithm)
+    if isinstance(value, dict):
+        client.hset(name, mapping=value)
+    elif isinstance(value, list):
+        client.zadd(name, dict(value))
+    else:
+        client.set(name, value)
+    for call in (limiter.hit, limiter.peek):
+        with pytest.raises(errors.RateLimiterUnavailable, match=re.escape(name)):
+            call("k", rate, algorithm=algorithm)
+    # Nothing else was written, and the state now expires within one window
+    # of the limit in force (1 s; a pace: 3 units of 0.4 s), plus 1 ms.
+    assert client.keys() == [name.encode()]
+    assert 0 < client.pttl(name) <= 1201
+    time.sleep(client.pttl(name) / 1000 + 0.01)
+    assert limiter.hit("k", rate, algorithm=algorithm).allowed
+
+
 #: State a limit could write but far ahead of the server's clock (planted, or
 #: a clock stepped back): ``(algorithm, rate, key of the state, value)``.
 FAR_AHEAD = [
@@ -918,12 +955,6 @@ def test_paused_redis_fails_within_the_node_timeout(servers):
             except errors.RateLimiterUnavailable:
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
-
-
-def test_a_refused_command_is_a_clear_error(limiter, client):
-    client.set(limiter.state_key("k", "sliding"), "not a sorted set")
-    with pytest.raises(errors.RateLimiterUnavailable, match="WRONGTYPE"):
-        limiter.hit("k", 5, 60.0, algorithm="sliding")
 
 
 def test_fail_open_admits_uncounted_and_says_so(servers, caplog):
