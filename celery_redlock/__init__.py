@@ -10,16 +10,24 @@ Example::
     redlock = Redlock(["redis://r1:6379/0", "redis://r2:6379/0", "redis://r3:6379/0"])
     with redlock.lock("invoice:42", ttl=30.0) as lock:
         ...
+
+Each public name is imported when first used: ``from celery_redlock import
+Redlock`` loads no Celery, and a process that only publishes loads no worker
+module.
 """
 
 from __future__ import annotations
 
-from . import errors, signals
-from .hooks import setup
-from .ratelimit import RateLimitDecision, RateLimiter
-from .redlock import Lock, Redlock
-from .semaphore import Semaphore
-from .task import LockedTask
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from . import errors, signals
+    from .hooks import setup
+    from .ratelimit import RateLimitDecision, RateLimiter
+    from .redlock import Lock, Redlock
+    from .semaphore import Semaphore
+    from .task import LockedTask
 
 __version__ = "0.1.0.dev0"
 
@@ -35,3 +43,30 @@ __all__ = [
     "setup",
     "signals",
 ]
+
+#: The module each public name comes from (a module name alone: the module itself).
+_HOMES = {
+    "Lock": ".redlock",
+    "LockedTask": ".task",
+    "RateLimitDecision": ".ratelimit",
+    "RateLimiter": ".ratelimit",
+    "Redlock": ".redlock",
+    "Semaphore": ".semaphore",
+    "errors": ".errors",
+    "setup": ".hooks",
+    "signals": ".signals",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = import_module(home, __name__)
+    value = module if home == f".{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

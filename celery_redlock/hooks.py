@@ -23,6 +23,8 @@ This module is all the app wiring there is:
   concurrency slots by the owner's task id, instead of leaving them until
   their ttl runs out; a
   revoked message that never ran frees its queued singleton the same way.
+  The worker's request class that calls them is :mod:`.request`, which
+  only workers load.
 """
 
 from __future__ import annotations
@@ -30,12 +32,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery import bootsteps
 from celery import signals as celery_signals
-from celery.worker.request import Request
 
-from . import startup
 from ._layout import QUEUED
 from .config import (
     Settings,
@@ -55,6 +54,8 @@ __all__ = [
     "RedlockStartupCheck",
     "StartupRefused",
     "connect_cleanup",
+    "free_by_owner",
+    "request_owner",
     "setup",
 ]
 
@@ -151,7 +152,9 @@ class RedlockStartupCheck(bootsteps.Step):  # type: ignore[misc]
             )
             return
         connect_cleanup()
-        startup.report(app, missing_tasks=missing)
+        from .startup import report  # with the admin API it reads through: workers only
+
+        report(app, missing_tasks=missing)
 
 
 # -- main-process cleanup ------------------------------------------------------------
@@ -196,69 +199,6 @@ def request_owner(request: Any) -> str:
     if not pid:
         return QUEUED
     return f"{request.hostname}:{pid}"
-
-
-#: Exceptions with which Celery reports that a run's pool process is gone.
-_PROCESS_GONE = (WorkerLostError, Terminated, TimeLimitExceeded, SystemExit, KeyboardInterrupt)
-
-
-class CleanupRequest(Request):  # type: ignore[misc]
-    """The worker's request for a LockedTask: frees the locks of a run whose process died.
-
-    Runs in the worker's main process. A hard time limit, ``revoke(terminate=True)``
-    or a pool process that died (``WorkerLostError``, also when
-    ``task_reject_on_worker_lost`` re-queues the task and no ``task_failure``
-    is sent) ends the run without its ``finally``; the locks are freed here by
-    the run's exact owner instead of waiting for their ttl.
-    """
-
-    #: Set when Celery re-queues the message (see :meth:`reject`).
-    _requeued = False
-
-    def on_timeout(self, soft: bool, timeout: float) -> None:
-        """Celery's handling, then free the locks after a hard time limit."""
-        super().on_timeout(soft, timeout)
-        if not soft:
-            self._free()
-
-    def on_failure(
-        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
-    ) -> Any:
-        """Free the locks if the run's process is gone, then Celery's handling.
-
-        When Celery re-queued the message of a run whose process died
-        (``task_acks_late`` with ``task_reject_on_worker_lost``), its ERROR
-        line for the ``WorkerLostError`` is followed by ours saying the task
-        was re-queued and will run again.
-        """
-        exc = getattr(exc_info, "exception", None)
-        exc = getattr(exc, "exc", exc)  # ExceptionWithTraceback
-        gone = isinstance(exc, _PROCESS_GONE)
-        if gone:
-            # Before Celery re-queues the message: a copy another worker takes
-            # at once must find the lock free, not held by its dead twin.
-            self._free()
-        try:
-            return super().on_failure(
-                exc_info, send_failed_event=send_failed_event, return_ok=return_ok
-            )
-        finally:
-            if gone and self._requeued:
-                cleanup_logger.warning(
-                    "task %s (%s): its pool process died (%s); re-queued, will run again",
-                    self.task_name,
-                    self.id,
-                    type(exc).__name__,
-                )
-
-    def reject(self, requeue: bool = False) -> None:
-        """Celery's reject; notes a re-queue for the log line of :meth:`on_failure`."""
-        if requeue and not self.acknowledged:
-            self._requeued = True
-        super().reject(requeue=requeue)
-
-    def _free(self) -> None:
-        free_by_owner(self.task, self.id, self.args, self.kwargs, request_owner(self))
 
 
 def _on_task_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:

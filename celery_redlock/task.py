@@ -85,8 +85,8 @@ class LockedTask(Task):  # type: ignore[misc]
     """
 
     #: The worker's request class (main process): frees the locks of a run
-    #: whose pool process died (see :class:`celery_redlock.hooks.CleanupRequest`).
-    Request = "celery_redlock.hooks:CleanupRequest"
+    #: whose pool process died (see :class:`celery_redlock.request.CleanupRequest`).
+    Request = "celery_redlock.request:CleanupRequest"
 
     #: ``str.format`` template over the task's arguments (``"sync:{user_id}"``),
     #: or a callable ``(args, kwargs) -> str``; ``None``: one run at a time per task.

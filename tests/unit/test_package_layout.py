@@ -107,6 +107,10 @@ LAZY_IMPORTS = {
         "errors imports nothing, so this breaks no cycle; to move to the top of "
         "heartbeat.py when that module is next changed"
     ),
+    ("celery_redlock.hooks", "celery_redlock.startup"): (
+        "the start-up report reads through the admin API: loaded by the worker's bootstep "
+        "only, so that a process that only publishes loads no operator tool"
+    ),
 }
 
 
@@ -204,7 +208,8 @@ def test_the_fast_tier_starts_no_server_and_no_worker() -> None:
         for name in runtime_imports_of(path)
         if name.startswith(starters)
     }
-    assert found == set()
+    # It runs `python -c "<import line>"` in fresh interpreters: no server, no worker.
+    assert found == {("test_import_weight.py", "subprocess")}
 
 
 def runtime_imports_of(path: Path) -> set[str]:
