@@ -47,7 +47,9 @@
 -- bucket, a fixed window to end within one period.
 -- State that no limit could have written (not a whole count, not an exact
 -- time) is an error naming its key, as a bad override is; the key is given a
--- ttl of at most one window, so the limit works again after it at the latest. Work is O(1) per gcra or fixed limit and O(log n) per sliding limit,
+-- ttl of at most one window, so the limit works again after it at the latest.
+--
+-- Work is O(1) per gcra or fixed limit and O(log n) per sliding limit,
 -- n being the members of its log (at most one per bucket: 1,001 in the window,
 -- plus a tail trimmed by at most 16 per admitted hit); the retry_after of a refused
 -- sliding hit takes a binary search, O(log^2 n).
@@ -283,7 +285,7 @@ local function evaluate(l)
         -- Buckets ending after the current one (left by a longer window, or
         -- a clock stepped back) count as ending with it; written so below.
         local current_end = (floor(now / width) + 1) * width
-        l.window, l.width, l.current_end = window, width, current_end
+        l.window, l.current_end = window, current_end
         local newest = redis.pcall('ZRANGE', l.state, -1, -1, 'WITHSCORES')
         local total, newest_end = 0, nil
         local used = 0
