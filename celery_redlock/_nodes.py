@@ -13,6 +13,7 @@ where it runs when the node has no working connection or last answered
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import threading
@@ -237,9 +238,23 @@ class Node:
         kwargs = getattr(pool, "connection_kwargs", None)
         if kind is None or not isinstance(kwargs, dict):
             name = f"{type(client).__module__}.{type(client).__qualname__}@{id(client):x}"
+            if _fakeredis_without_lua(client):
+                raise bad(
+                    f"{name} is a fakeredis client without Lua, and every lock operation is a "
+                    "Lua script: pip install 'fakeredis[lua]'"
+                )
             return cls(name, timeout, direct=client)
         endpoint = Endpoint.from_connection_kwargs(kind, kwargs)
         return cls(endpoint.name, timeout, endpoint=endpoint)
+
+
+def _fakeredis_without_lua(client: redis.Redis) -> bool:
+    """Whether ``client`` is fakeredis's, installed without its ``lua`` extra (lupa).
+
+    Such a client answers every script call with an unknown-command error.
+    """
+    package = type(client).__module__.partition(".")[0]
+    return package == "fakeredis" and importlib.util.find_spec("lupa") is None
 
 
 def make_nodes(nodes: Sequence[str | redis.Redis], timeout: float) -> list[Node]:

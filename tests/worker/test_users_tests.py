@@ -8,7 +8,10 @@ redis-server nodes that must (or must not) see the traffic.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -348,3 +351,48 @@ def test_redlock_settings_apply_inside_the_block_and_restore_after() -> None:
         assert "unknown setting(s) node" in str(caught.value)
     finally:
         config.forget(app)
+
+
+# -- fakeredis without Lua ----------------------------------------------------------------
+
+
+#: A process where fakeredis is installed without its ``lua`` extra (lupa cannot
+#: be imported): a fakeredis node, alone and as an app's node in eager mode.
+_WITHOUT_LUA = """
+import json, sys
+sys.modules["lupa"] = None  # as if `pip install fakeredis`, without [lua]
+import fakeredis
+from celery import Celery
+from celery_redlock import LockedTask, Redlock
+from celery_redlock.errors import ConfigurationError
+
+seen = {}
+try:
+    Redlock([fakeredis.FakeRedis()]).lock("k", ttl=5).acquire(blocking=False)
+except Exception as exc:
+    seen["lock"] = [type(exc).__name__, getattr(exc, "option", None), str(exc)]
+app = Celery("u", broker="memory://")
+app.conf.update(task_always_eager=True, redlock_nodes=[fakeredis.FakeRedis()])
+
+@app.task(base=LockedTask, lock_key="k")
+def locked():
+    return 1
+
+try:
+    locked.delay().get()
+except Exception as exc:
+    seen["task"] = [type(exc).__name__, getattr(exc, "option", None), str(exc)]
+print(json.dumps(seen))
+"""
+
+
+def test_fakeredis_without_lua_as_a_node_is_refused_saying_what_to_install() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_LUA], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["lock"][:2] == ["ConfigurationError", "nodes"]
+    assert seen["task"][:2] == ["ConfigurationError", "redlock_nodes"]
+    for _kind, _option, message in seen.values():
+        assert "pip install 'fakeredis[lua]'" in message
