@@ -10,6 +10,10 @@ setting                                meaning                                 d
 ``redlock_key_prefix``                 prefix of every key written             ``"redlock:"``
 ``redlock_default_ttl``                task lock time to live, seconds         ``60.0``
 ``redlock_node_timeout``               longest wait for one node, seconds      ``0.05``
+``redlock_singleton_ttl``              ``singleton_ttl`` of singletons that    ``3600.0``
+                                       set none, seconds
+``redlock_on_duplicate``               ``on_duplicate`` of singletons that     ``"return"``
+                                       set none
 ``redlock_tasks``                      ``{task name: {option: value}}`` for    ``{}``
                                        tasks that do not subclass
                                        ``LockedTask``
@@ -50,6 +54,7 @@ from urllib.parse import quote
 import redis
 
 from . import _validation as check
+from . import options as task_options
 from ._debounce_store import DebounceStore
 from ._endpoint import SCHEMES
 from ._layout import KEY_PREFIX, rate_prefix
@@ -94,6 +99,9 @@ class Settings:
     key_prefix: str = KEY_PREFIX
     default_ttl: float = 60.0
     node_timeout: float = 0.05
+    #: ``None``: the option's own default (see :mod:`.options`).
+    singleton_ttl: float | None = None
+    on_duplicate: str | None = None
     tasks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     rate_limit_url: str | redis.Redis | None = None
     rate_limit_fallback: str | redis.Redis | None = None
@@ -159,6 +167,9 @@ _CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "key_prefix": check.string,
     "default_ttl": check.seconds,
     "node_timeout": check.seconds,
+    # app-wide defaults of task options: checked as the option is
+    "singleton_ttl": task_options.option("singleton_ttl").check,
+    "on_duplicate": task_options.option("on_duplicate").check,
     "tasks": check.table,
     "rate_limit_url": check.redis_url,
     "rate_limit_fallback": check.redis_url,

@@ -26,9 +26,12 @@ and lets anything else through. Names that Celery or another base class of
 the task defines never reach the rule (see ``LockedTask.on_bound``).
 
 An option whose default comes from ``app.conf`` names that setting
-(``lock_ttl`` falls back to ``redlock_default_ttl``, in the way Celery's
-``Task.from_config`` fills task attributes); the fallback is applied once per
-app, by :meth:`TaskPolicy.resolve <celery_redlock.policies.TaskPolicy.resolve>`.
+(``lock_ttl`` falls back to ``redlock_default_ttl``, ``singleton_ttl`` to
+``redlock_singleton_ttl``, ``on_duplicate`` to ``redlock_on_duplicate``, in
+the way Celery's ``Task.from_config`` fills task attributes); the fallback is
+applied once per app, by :meth:`TaskPolicy.resolve
+<celery_redlock.policies.TaskPolicy.resolve>`, and the option's own default
+holds where the setting is unset too.
 """
 
 from __future__ import annotations
@@ -87,7 +90,8 @@ class TaskOption:
     check: Callable[[Any, str], Any]
     #: The value when unset. ``None`` leaves it to the policy (see its doc).
     default: Any = None
-    #: The ``app.conf`` setting an unset value is taken from, once per app.
+    #: The ``app.conf`` setting an unset value is taken from, once per app
+    #: (``default`` where that setting is unset too).
     setting: str | None = None
     #: Another option that must be set for this one to mean anything.
     needs: str | None = None
@@ -114,9 +118,13 @@ TASK_OPTIONS: tuple[TaskOption, ...] = (
     # singletons
     TaskOption("singleton", "singleton", check.flag, False),
     TaskOption("singleton_key", "singleton", _key_source),
-    TaskOption("singleton_ttl", "singleton", _lifetime, 3600.0),
+    TaskOption("singleton_ttl", "singleton", _lifetime, 3600.0, setting="redlock_singleton_ttl"),
     TaskOption(
-        "on_duplicate", "singleton", partial(check.choice, choices=DUPLICATE_ACTIONS), "return"
+        "on_duplicate",
+        "singleton",
+        partial(check.choice, choices=DUPLICATE_ACTIONS),
+        "return",
+        setting="redlock_on_duplicate",
     ),
     TaskOption("singleton_beat_window", "singleton", check.seconds, 0.5),
     TaskOption(

@@ -28,7 +28,6 @@ their names, would not find it.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -122,42 +121,7 @@ def check(
 
 def apply(policy: TaskPolicy, overrides: Mapping[str, Any]) -> TaskPolicy:
     """``policy`` with a call's checked overrides in place."""
-    lock, singleton, rate = policy.lock, policy.singleton, policy.rate
-    concurrency = policy.concurrency
-    if lock is not None:
-        lock = dataclasses.replace(
-            lock,
-            timeout=overrides.get("lock_timeout", lock.timeout),
-            on_busy=overrides.get("on_lock_busy", lock.on_busy),
-            max_requeues=overrides.get("lock_busy_max_requeues", lock.max_requeues),
-        )
-    if concurrency is not None:
-        # A full limit is waited for and handled as a busy lock is.
-        concurrency = dataclasses.replace(
-            concurrency,
-            timeout=overrides.get("lock_timeout", concurrency.timeout),
-            on_busy=overrides.get("on_lock_busy", concurrency.on_busy),
-            max_requeues=overrides.get("lock_busy_max_requeues", concurrency.max_requeues),
-        )
-    if singleton is not None:
-        singleton = dataclasses.replace(
-            singleton,
-            on_duplicate=overrides.get("on_duplicate", singleton.on_duplicate),
-            ttl=overrides.get("singleton_ttl", singleton.ttl),
-        )
-    if rate is not None:
-        rate = dataclasses.replace(
-            rate, on_limited=overrides.get("on_rate_limited", rate.on_limited)
-        )
-    return dataclasses.replace(
-        policy,
-        lock=lock,
-        singleton=singleton,
-        rate=rate,
-        concurrency=concurrency,
-        ttl=overrides.get("lock_ttl", policy.ttl),
-        progress_timeout=overrides.get("lock_progress_timeout", policy.progress_timeout),
-    )
+    return policy.with_values(overrides)
 
 
 def from_request(request: Any) -> Any:

@@ -277,6 +277,9 @@ class TaskPolicy:
     #: ``lock_progress_timeout`` for the locks held while running.
     progress_timeout: float | None = None
     debounce: DebouncePolicy | None = None
+    #: The options with an ``app.conf`` setting (see :mod:`.options`) that the
+    #: task left unset: :meth:`resolve` gives them the setting's value.
+    inherited: frozenset[str] = frozenset()
 
     @classmethod
     def from_options(
@@ -382,6 +385,11 @@ class TaskPolicy:
             ttl=values["lock_ttl"],
             progress_timeout=values["lock_progress_timeout"],
             debounce=debounce,
+            inherited=frozenset(
+                entry.name
+                for entry in task_options.TASK_OPTIONS
+                if entry.setting is not None and options.get(entry.name) is None
+            ),
         )
 
     @property
@@ -398,25 +406,30 @@ class TaskPolicy:
     def resolve(self, settings: Settings) -> TaskPolicy:
         """The policy with the app's defaults filled in, checked against its settings.
 
-        Every lock the task takes must live more than twice
-        ``redlock_node_timeout``, or no acquisition could ever be trusted.
+        Each option in :attr:`inherited` takes its setting's value, where
+        that setting is set. Every lock the task takes must live more than
+        twice ``redlock_node_timeout``, or no acquisition could ever be trusted.
 
         Raises:
             ConfigurationError: naming the task and the option (or the
                 setting whose default it uses) that is too short.
         """
-        ttl_option = task_options.option("lock_ttl")
-        if self.ttl is not None:
-            ttl, ttl_source = self.ttl, ttl_option.name
-        else:
-            assert ttl_option.setting is not None
-            ttl, ttl_source = settings.value(ttl_option.setting), ttl_option.setting
+        values: dict[str, Any] = {}
+        source = {name: name for name in ("lock_ttl", "singleton_ttl")}
+        for name in self.inherited:
+            setting = task_options.option(name).setting
+            assert setting is not None
+            value = settings.value(setting)
+            if value is not None:
+                values[name], source[name] = value, setting
+        resolved = self.with_values(values)
+        assert resolved.ttl is not None, "redlock_default_ttl always has a value"
         lifetimes: list[tuple[str, float]] = []
         if self.lock is not None or self.singleton is not None or self.concurrency is not None:
-            lifetimes.append((ttl_source, ttl))
-        if self.singleton is not None:
-            lifetimes.append(("singleton_ttl", self.singleton.ttl))
-            lifetimes.append(("singleton_beat_window", self.singleton.beat_window))
+            lifetimes.append((source["lock_ttl"], resolved.ttl))
+        if resolved.singleton is not None:
+            lifetimes.append((source["singleton_ttl"], resolved.singleton.ttl))
+            lifetimes.append(("singleton_beat_window", resolved.singleton.beat_window))
         shortest = 2 * settings.node_timeout
         for option, seconds in lifetimes:
             if seconds <= shortest:
@@ -426,7 +439,50 @@ class TaskPolicy:
                     f"({settings.node_timeout:g} s); use more than {shortest:g} s",
                     task=self.task_name,
                 )
-        return dataclasses.replace(self, ttl=ttl)
+        return resolved
+
+    def with_values(self, values: Mapping[str, Any]) -> TaskPolicy:
+        """The policy with checked option values in place (a call's overrides, app defaults).
+
+        Takes the options a call may override (see :mod:`.overrides`); a value
+        for a feature the task does not have changes nothing.
+        """
+        lock, singleton, rate = self.lock, self.singleton, self.rate
+        concurrency = self.concurrency
+        if lock is not None:
+            lock = dataclasses.replace(
+                lock,
+                timeout=values.get("lock_timeout", lock.timeout),
+                on_busy=values.get("on_lock_busy", lock.on_busy),
+                max_requeues=values.get("lock_busy_max_requeues", lock.max_requeues),
+            )
+        if concurrency is not None:
+            # A full limit is waited for and handled as a busy lock is.
+            concurrency = dataclasses.replace(
+                concurrency,
+                timeout=values.get("lock_timeout", concurrency.timeout),
+                on_busy=values.get("on_lock_busy", concurrency.on_busy),
+                max_requeues=values.get("lock_busy_max_requeues", concurrency.max_requeues),
+            )
+        if singleton is not None:
+            singleton = dataclasses.replace(
+                singleton,
+                on_duplicate=values.get("on_duplicate", singleton.on_duplicate),
+                ttl=values.get("singleton_ttl", singleton.ttl),
+            )
+        if rate is not None:
+            rate = dataclasses.replace(
+                rate, on_limited=values.get("on_rate_limited", rate.on_limited)
+            )
+        return dataclasses.replace(
+            self,
+            lock=lock,
+            singleton=singleton,
+            rate=rate,
+            concurrency=concurrency,
+            ttl=values.get("lock_ttl", self.ttl),
+            progress_timeout=values.get("lock_progress_timeout", self.progress_timeout),
+        )
 
     def lock_names(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[str]:
         """The names of the locks a run of one call holds: run lock, then singleton."""

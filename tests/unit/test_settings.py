@@ -68,6 +68,8 @@ class TestSettings:
             ("redlock_rate_limit_margin", -0.01, "must be >= 0 seconds, got -0.01"),
             ("redlock_rate_limit_margin", 61, "must be at most 60 seconds, got 61"),
             ("redlock_enabled", "false", "must be True or False, got 'false'"),
+            ("redlock_singleton_ttl", 0, "must be > 0 seconds, got 0"),
+            ("redlock_on_duplicate", "skip", "must be one of 'return', 'raise', got 'skip'"),
         ],
     )
     def test_bad_values_name_the_setting(self, setting: str, value: Any, problem: str) -> None:
@@ -87,6 +89,16 @@ class TestSettings:
         assert unknown_settings({"redlock_rate_limit_margn": 0.1}) == [
             "redlock_rate_limit_margn is not a celery_redlock setting and is ignored; "
             "did you mean redlock_rate_limit_margin?"
+        ]
+
+    def test_the_task_option_defaults_are_known(self) -> None:
+        conf = {"redlock_singleton_ttl": 600, "redlock_on_duplicate": "raise"}
+        assert unknown_settings(conf) == []
+        settings = read(**conf)
+        assert (settings.singleton_ttl, settings.on_duplicate) == (600.0, "raise")
+        assert unknown_settings({"redlock_on_duplicates": "raise"}) == [
+            "redlock_on_duplicates is not a celery_redlock setting and is ignored; "
+            "did you mean redlock_on_duplicate?"
         ]
 
     def test_setting_names_are_the_fields(self) -> None:

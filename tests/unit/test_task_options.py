@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from celery_redlock import options
+from celery_redlock import config, options
 from celery_redlock._rates import DynamicRate, Rate
 from celery_redlock._templates import ArgumentPlan
 from celery_redlock.config import Settings
@@ -44,9 +44,12 @@ class TestTheOptionList:
     def test_a_default_from_the_settings_names_a_setting(self) -> None:
         with_setting = [option for option in options.TASK_OPTIONS if option.setting]
         assert [(option.name, option.setting) for option in with_setting] == [
-            ("lock_ttl", "redlock_default_ttl")
+            ("lock_ttl", "redlock_default_ttl"),
+            ("singleton_ttl", "redlock_singleton_ttl"),
+            ("on_duplicate", "redlock_on_duplicate"),
         ]
         assert SETTINGS.value("redlock_default_ttl") == 60.0
+        assert all(option.setting in config.SETTING_NAMES for option in with_setting)
 
     def test_rate_algorithms_are_the_rate_limiters(self) -> None:
         assert options.ALGORITHMS == ("sliding", "gcra", "fixed")
@@ -242,6 +245,25 @@ class TestResolution:
         custom = Settings(nodes=SETTINGS.nodes, default_ttl=7.5)
         assert policy().resolve(custom).ttl == 7.5
         assert policy(lock_ttl=3).resolve(custom).ttl == 3.0
+
+    def test_unset_singleton_options_come_from_the_settings(self) -> None:
+        app_wide = Settings(nodes=SETTINGS.nodes, singleton_ttl=90, on_duplicate="raise")
+        resolved = policy(singleton=True).resolve(app_wide).singleton
+        assert resolved is not None
+        assert (resolved.ttl, resolved.on_duplicate) == (90, "raise")
+        own = policy(singleton=True, singleton_ttl=5, on_duplicate="return").resolve(app_wide)
+        assert own.singleton is not None
+        assert (own.singleton.ttl, own.singleton.on_duplicate) == (5.0, "return")
+        unset = policy(singleton=True).resolve(SETTINGS).singleton
+        assert unset is not None
+        assert (unset.ttl, unset.on_duplicate) == (3600.0, "return")
+
+    def test_an_app_wide_singleton_ttl_too_short_names_the_setting(self) -> None:
+        short = Settings(nodes=SETTINGS.nodes, singleton_ttl=0.08)
+        with pytest.raises(ConfigurationError) as caught:
+            policy(singleton=True).resolve(short)
+        assert caught.value.option == "redlock_singleton_ttl"
+        assert policy(singleton=True, singleton_ttl=1).resolve(short).singleton is not None
 
     @pytest.mark.parametrize(
         ("given", "option"),

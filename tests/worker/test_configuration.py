@@ -26,10 +26,10 @@ import pytest
 from celery import Celery
 
 from celery_redlock import LockedTask, config, setup
-from celery_redlock.errors import ConfigurationError
+from celery_redlock.errors import ConfigurationError, DuplicateTask
 from celery_redlock.testing import RedisServer
 
-from .support import ROOT, WorkerProcess, create_app, in_process_worker, overlaps
+from .support import ROOT, WorkerProcess, create_app, in_process_worker, looker, overlaps
 
 pytestmark = pytest.mark.celery
 
@@ -107,6 +107,60 @@ def test_celerys_options_and_the_users_own_attributes_work_in_a_worker(
 
 
 # -- settings ----------------------------------------------------------------------
+
+
+def test_app_wide_singleton_defaults_apply_where_a_task_sets_none(
+    make_app: Callable[..., Celery], lock_nodes: list[RedisServer]
+) -> None:
+    app = make_app(
+        redlock_singleton_ttl=30,
+        redlock_on_duplicate="raise",
+        redlock_tasks={"t.plain_single": {"singleton": True}},
+    )
+
+    @app.task(shared=False, name="t.plain_single")
+    def plain_single(n: int) -> int:
+        return n
+
+    @app.task(
+        base=LockedTask,
+        shared=False,
+        name="t.own_single",
+        singleton=True,
+        singleton_ttl=600,
+        on_duplicate="return",
+    )
+    def own_single(n: int) -> int:
+        return n
+
+    setup(app)
+    look = looker(lock_nodes)
+
+    def seconds_left(task: Any, *args: Any) -> list[float]:
+        policy = config.policy_for(task)
+        assert policy is not None
+        assert policy.singleton is not None
+        found = look.inspect(policy.singleton.name(task.name, args, {}))
+        return [entry[1] for entry in found if isinstance(entry, tuple) and entry[0]]
+
+    try:
+        published = []
+        for task, args in [(app.tasks["t.single"], (1, 0.1)), (plain_single, (2,))]:
+            published.append(task.apply_async(args))
+            with pytest.raises(DuplicateTask):
+                task.apply_async(args)  # redlock_on_duplicate
+            left = seconds_left(task, *args)
+            assert len(left) == 3
+            assert all(0 < seconds <= 30 for seconds in left)  # redlock_singleton_ttl
+        # A task's own values win over the app's.
+        first = own_single.delay(3)
+        assert own_single.delay(3).id == first.id
+        assert all(30 < seconds <= 600 for seconds in seconds_left(own_single, 3))
+        with in_process_worker(app, "threads"):
+            assert published[0].get(timeout=20) == published[0].id
+            assert [published[1].get(timeout=20), first.get(timeout=20)] == [2, 3]
+    finally:
+        look.close()
 
 
 def test_worker_start_tells_unknown_settings_and_which_nodes_answer(
