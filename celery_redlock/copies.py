@@ -61,7 +61,7 @@ from .config import redlock_for
 from .errors import DuplicateTask
 from .policies import TaskPolicy
 from .redlock import Redlock
-from .singleton import task_id_of
+from .singleton import seconds_held, task_id_of
 
 __all__ = [
     "DONE_TTL_FACTOR",
@@ -194,6 +194,7 @@ def stand_in(task: Any, request: Any, policy: TaskPolicy, key: str, holder_id: s
             task_name=task.name,
             task_id=holder_id,
             key=key,
+            ttl=seconds_held(redlock_for(task.app), key, holder_id),
         )
     entries = redlock_for(task.app).inspect(key)
     left = max((entry[1] for entry in entries if isinstance(entry, tuple)), default=1.0)

@@ -162,15 +162,27 @@ class DuplicateTask(RedlockError):
         task_name: the task's registered name.
         task_id: id of the copy that holds the singleton.
         key: the singleton key.
+        ttl: seconds the key still holds for that copy (on a majority of the
+            nodes) unless renewed, as celery-once's ``AlreadyQueued.countdown``:
+            for a queued copy, what is left of ``singleton_ttl``; a running
+            copy's heartbeat renews it to ``lock_ttl`` while the run goes on.
+            ``None`` when unknown; ``0.0`` when the key was already gone.
     """
 
     def __init__(
-        self, message: str, *, task_name: str = "", task_id: str | None = None, key: str = ""
+        self,
+        message: str,
+        *,
+        task_name: str = "",
+        task_id: str | None = None,
+        key: str = "",
+        ttl: float | None = None,
     ) -> None:
         super().__init__(message)
         self.task_name = task_name
         self.task_id = task_id
         self.key = key
+        self.ttl = ttl
 
 
 class Superseded(RedlockError):

@@ -38,7 +38,7 @@ from .errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
 from .policies import SingletonPolicy, TaskPolicy
 from .rategate import RateGate
 from .redlock import Lock
-from .singleton import beat_tick_name, task_id_of
+from .singleton import beat_tick_name, seconds_held, task_id_of
 
 __all__ = ["Publication", "watch_beat"]
 
@@ -254,11 +254,13 @@ class Publication:
             sender=task, task_id=holder_id, key=key, where="beat" if self.from_beat else "publish"
         )
         if singleton.on_duplicate == "raise" and not self.from_beat:
+            ttl = seconds_held(redlock_for(task.app), key, holder_id)
             raise DuplicateTask(
                 f"task {task.name!r}: a copy with these arguments is already queued or running "
-                f"as task {holder_id} (singleton {key!r})",
+                f"as task {holder_id} (singleton {key!r}, held {ttl:.1f} s more unless renewed)",
                 task_name=task.name,
                 task_id=holder_id,
                 key=key,
+                ttl=ttl,
             )
         return task.AsyncResult(holder_id)

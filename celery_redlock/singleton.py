@@ -33,10 +33,13 @@ import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._layout import QUEUED, LockValue
 from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .redlock import Redlock
 
 __all__ = [
     "beat_tick_name",
@@ -44,6 +47,7 @@ __all__ = [
     "debounce_name",
     "queued_marker",
     "queued_name",
+    "seconds_held",
     "singleton_key",
     "task_id_of",
 ]
@@ -125,3 +129,19 @@ def task_id_of(value: str | None) -> str | None:
     if parsed is None or parsed.where is None:
         return None
     return parsed.task_id
+
+
+def seconds_held(redlock: Redlock, name: str, task_id: str) -> float:
+    """Seconds lock ``name`` still holds for ``task_id`` on a majority of nodes (``0.0``: not).
+
+    Unless renewed. One look at every node (:meth:`Redlock.inspect`).
+    """
+    left = sorted(
+        (
+            entry[1]
+            for entry in redlock.inspect(name)
+            if isinstance(entry, tuple) and task_id_of(entry[0]) == task_id
+        ),
+        reverse=True,
+    )
+    return left[redlock.quorum - 1] if len(left) >= redlock.quorum else 0.0

@@ -95,6 +95,25 @@ def test_on_duplicate_raise_names_the_queued_task(app: Celery) -> None:
         task.delay(3)
     assert caught.value.task_id == first.id
     assert caught.value.task_name == "t.single_raise"
+    # Queued: what is left of singleton_ttl (3600 s), as celery-once's countdown.
+    assert caught.value.ttl is not None
+    assert 3500 < caught.value.ttl <= 3600
+
+
+def test_a_duplicate_of_a_running_copy_carries_its_id_and_how_long_its_key_holds(
+    app: Celery,
+) -> None:
+    single = app.tasks["t.single"]
+    with in_process_worker(app, "threads"):
+        running = single.delay(9, 3.0)
+        wait_for_event(app, "enter")
+        with pytest.raises(DuplicateTask) as caught:
+            single.apply_async((9, 3.0), redlock={"on_duplicate": "raise"})
+        assert caught.value.task_id == running.id
+        # Running: the key lives by lock_ttl (60 s), renewed by the heartbeat.
+        assert caught.value.ttl is not None
+        assert 0 < caught.value.ttl <= 60
+        assert running.get(timeout=20) == running.id
 
 
 def test_retry_republishes_without_being_a_duplicate(app: Celery) -> None:

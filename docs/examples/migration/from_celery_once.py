@@ -44,13 +44,15 @@ def slow_add(a, b):
 first = slow_task.delay(10)
 assert slow_task.delay(10).id == first.id
 
-# AlreadyQueued(countdown) -> DuplicateTask, naming the queued copy.
+# AlreadyQueued(countdown) -> DuplicateTask, naming the queued copy and how long
+# its key still holds (here what is left of singleton_ttl, 3600 s by default).
 queued = strict_task.delay(10)
 try:
     strict_task.delay(10)
     raise AssertionError("a duplicate was queued")
 except DuplicateTask as exc:
     assert exc.task_id == queued.id
+    assert 0 < exc.ttl <= 3600
 
 # keys=["a"]: only `a` decides what a duplicate is.
 assert slow_add.delay(1, 1).id == slow_add.delay(1, 2).id
