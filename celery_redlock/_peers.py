@@ -8,6 +8,10 @@ built from the value given where that helps::
 
     >>> hint("unique_on", ["user_id", "day"])
     "is celery-singleton's option; write singleton_key='{user_id}:{day}' (with singleton=True)"
+
+A leftover option at a call site (celery-once's ``apply_async(once={...})``)
+would be taken by Celery as a publish option and ignored: :func:`call_hint`
+says what a call writes instead.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["PEER_OPTIONS", "hint"]
+__all__ = ["PEER_CALL_OPTIONS", "PEER_OPTIONS", "call_hint", "hint"]
 
 #: ``unlock_before_run``: one more copy may queue once the run starts.
 _UNLOCK_BEFORE_RUN = (
@@ -138,4 +142,35 @@ PEER_OPTIONS: Mapping[str, Callable[[Any], str]] = {
 def hint(name: str, value: Any) -> str | None:
     """What to write instead of the peer option ``name=value``; ``None`` if it is no peer's."""
     make = PEER_OPTIONS.get(name)
+    return make(value) if make is not None else None
+
+
+def _once_call(value: Any) -> str:
+    given: Mapping[str, Any] = value if isinstance(value, Mapping) else {}
+    writes = []
+    if "graceful" in given:
+        writes.append(f"'on_duplicate': {'return' if given['graceful'] else 'raise'!r}")
+    if "timeout" in given:
+        writes.append(f"'singleton_ttl': {_seconds(given['timeout'])}")
+    text = "is celery-once's apply_async option, which Celery would ignore here; "
+    if writes:
+        text += f"write redlock={{{', '.join(writes)}}} (for a task with singleton=True)"
+    else:
+        text += "drop it: the task's own options apply"
+    if "keys" in given:
+        text += "; keys cannot change per call: set singleton_key on the task"
+    if given.get("unlock_before_run"):
+        text += (
+            "; unlock_before_run cannot change per call: set singleton_mode='queued' on the task"
+        )
+    return text
+
+
+#: A peer's option at a call site (``apply_async(once={...})``) -> the hint for its value.
+PEER_CALL_OPTIONS: Mapping[str, Callable[[Any], str]] = {"once": _once_call}
+
+
+def call_hint(name: str, value: Any) -> str | None:
+    """What a call writes instead of the peer call option ``name=value``; ``None`` if none."""
+    make = PEER_CALL_OPTIONS.get(name)
     return make(value) if make is not None else None

@@ -46,6 +46,7 @@ from .config import (
 )
 from .copies import delivery_name
 from .errors import ConfigurationError
+from .overrides import guard_send_task
 from .policies import TaskPolicy
 from .publication import watch_beat
 from .task_table import StartupRefused, apply_entries, check_entries, watch_registrations
@@ -78,6 +79,7 @@ def setup(app: Any) -> None:
     app.steps["worker"].add(RedlockStartupCheck)
     connect_cleanup()
     watch_beat()
+    guard_send_task(app)
     if getattr(app, "_redlock_setup", False):
         return
     if app.configured or getattr(app, "_config_source", None) is not None:

@@ -8,8 +8,12 @@
 
 ``LockedTask.apply_async`` (and so signatures and canvases of the task, and
 tasks configured by ``redlock_tasks``) and ``LockedTask.apply`` take the
-``redlock`` keyword. :func:`check` reads it at the call: an unknown name, an
-option that cannot be set per call, or a bad value is a
+``redlock`` keyword. Anywhere else Celery would take it as a message property
+and ignore it, so :func:`guard_send_task` refuses it at ``app.send_task``
+(where a plain task's ``apply_async`` and every publish by name end), with
+celery-once's ``once={...}`` (see :func:`refuse_peer_keywords`).
+:func:`check` reads it at the call: an unknown name, an option that cannot
+be set per call, or a bad value is a
 :class:`~celery_redlock.errors.ConfigurationError` raised there, naming it
 (``redlock['lock_timout']``) and the closest valid name. The checked values
 travel in the message header :data:`HEADER`, so they hold in the worker, for
@@ -32,6 +36,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import options as task_options
+from ._peers import PEER_CALL_OPTIONS, call_hint
 from ._spelling import closest
 from .errors import ConfigurationError
 from .policies import TaskPolicy
@@ -39,7 +44,17 @@ from .policies import TaskPolicy
 if TYPE_CHECKING:
     from .config import Settings
 
-__all__ = ["CALL_OPTIONS", "HEADER", "KEYWORD", "apply", "check", "from_request", "label"]
+__all__ = [
+    "CALL_OPTIONS",
+    "HEADER",
+    "KEYWORD",
+    "apply",
+    "check",
+    "from_request",
+    "guard_send_task",
+    "label",
+    "refuse_peer_keywords",
+]
 
 #: The keyword of ``apply_async``/``apply`` that carries a call's overrides.
 KEYWORD = "redlock"
@@ -122,6 +137,60 @@ def check(
 def apply(policy: TaskPolicy, overrides: Mapping[str, Any]) -> TaskPolicy:
     """``policy`` with a call's checked overrides in place."""
     return policy.with_values(overrides)
+
+
+def refuse_peer_keywords(task_name: str, options: Mapping[str, Any]) -> None:
+    """Refuse another lock library's call option among a publish's ``options``.
+
+    Raises:
+        ConfigurationError: naming the task and the option, with what to write.
+    """
+    for name in PEER_CALL_OPTIONS:
+        if name in options:
+            raise ConfigurationError(name, str(call_hint(name, options[name])), task=task_name)
+
+
+def guard_send_task(app: Any) -> None:
+    """Refuse, at ``app.send_task``, a ``redlock`` keyword that no task class has read.
+
+    A LockedTask's ``apply_async`` takes the keyword off before it publishes;
+    one that reaches ``app.send_task`` came from a plain task's
+    ``apply_async`` (a task neither a LockedTask nor named in
+    ``redlock_tasks``) or from a publish by name, which passes no task
+    class. Celery would send it as a message property, and nothing would
+    honour it. ``once=`` is refused there too. Installed on the app once,
+    by :func:`~celery_redlock.setup` and by every LockedTask bound to it.
+    """
+    if getattr(app.send_task, "_redlock_guard", False):
+        return
+    send_task = app.send_task
+
+    def guarded(name: str, *args: Any, **options: Any) -> Any:
+        task = options.get("task_type")
+        task_name = getattr(task, "name", None) or name
+        refuse_peer_keywords(task_name, options)
+        if KEYWORD in options:
+            if options[KEYWORD] is not None:  # as everywhere: None is "not set"
+                raise ConfigurationError(KEYWORD, _not_read(task is not None), task=task_name)
+            del options[KEYWORD]
+        return send_task(name, *args, **options)
+
+    guarded._redlock_guard = True  # type: ignore[attr-defined]
+    app.send_task = guarded
+
+
+def _not_read(from_task: bool) -> str:
+    if from_task:
+        return (
+            "this task has no celery_redlock options (it is neither a LockedTask nor named in "
+            "redlock_tasks), so Celery would send redlock= as a message property and ignore "
+            "it; give the task base=LockedTask or a redlock_tasks entry, or drop redlock="
+        )
+    return (
+        "app.send_task publishes by name, past the task's class, which is what reads redlock=; "
+        "publish through the task (task.apply_async(..., redlock=...), or a signature of it, "
+        "in a process that imports it)"
+    )
 
 
 def from_request(request: Any) -> Any:

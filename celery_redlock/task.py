@@ -177,6 +177,7 @@ class LockedTask(Task):  # type: ignore[misc]
         # Bad settings stop the worker at start-up, not at its first task.
         app.steps["worker"].add(STARTUP_STEP)
         watch_beat()  # a beat process's publishes find their schedule entry
+        call_overrides.guard_send_task(app)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the task body inside its limits and locks (in the worker, or eagerly).
@@ -230,6 +231,7 @@ class LockedTask(Task):  # type: ignore[misc]
             DuplicateTask: a duplicate singleton with ``on_duplicate="raise"``.
             ConfigurationError: a bad ``redlock`` override, named.
         """
+        call_overrides.refuse_peer_keywords(self.name, options)
         overrides = self._take_overrides(options) if call_overrides.KEYWORD in options else None
         policy = self._redlock_policy
         if (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -172,6 +173,74 @@ def test_a_task_configured_by_redlock_tasks_takes_overrides_too(
                 result.get(timeout=30)
     finally:
         running.release()
+
+
+@contextlib.contextmanager
+def publishes() -> Iterator[list[Any]]:
+    published: list[Any] = []
+
+    def note(sender: Any = None, **_: Any) -> None:
+        published.append(sender)
+
+    before_task_publish.connect(note, weak=False)
+    try:
+        yield published
+    finally:
+        before_task_publish.disconnect(note)
+
+
+def test_redlock_where_no_task_class_reads_it_is_refused_and_nothing_is_published(
+    app: Celery, broker_url: str
+) -> None:
+    plain = app.tasks["t.plain"]  # neither a LockedTask nor named in redlock_tasks
+    with publishes() as published:
+        with pytest.raises(ConfigurationError) as caught:
+            plain.apply_async((1,), redlock={"on_lock_busy": "raise"})
+        with pytest.raises(ConfigurationError) as signature:
+            plain.s(1).apply_async(redlock={"lock_timeout": 5})
+        with pytest.raises(ConfigurationError) as by_name:
+            app.send_task("t.single", (1,), redlock={"on_duplicate": "raise"})
+    assert published == []
+    assert (caught.value.option, caught.value.task) == ("redlock", "t.plain")
+    assert "neither a LockedTask nor named in redlock_tasks" in caught.value.problem
+    assert (signature.value.option, signature.value.task) == ("redlock", "t.plain")
+    assert (by_name.value.option, by_name.value.task) == ("redlock", "t.single")
+    assert "publishes by name, past the task's class" in by_name.value.problem
+    # As everywhere, None is "not set": the task is published and runs.
+    with in_process_worker(app, "threads"):
+        assert plain.apply_async((2, 0.0), redlock=None).get(timeout=20)
+
+    # An app with no LockedTask at all, where setup(app) ran.
+    bare = Celery("bare", broker=broker_url, set_as_current=False)
+
+    @bare.task(shared=False, name="b.plain")
+    def bare_plain() -> None:
+        pass
+
+    setup(bare)
+    try:
+        with publishes() as published, pytest.raises(ConfigurationError) as bare_caught:
+            bare_plain.apply_async(redlock={"lock_timeout": 5})
+        assert published == []
+        assert (bare_caught.value.option, bare_caught.value.task) == ("redlock", "b.plain")
+    finally:
+        bare.close()
+
+
+def test_a_leftover_once_at_a_call_is_refused_with_what_to_write(app: Celery) -> None:
+    with publishes() as published:
+        with pytest.raises(ConfigurationError) as caught:
+            app.tasks["t.single"].apply_async((1,), once={"graceful": True, "timeout": 60})
+        with pytest.raises(ConfigurationError) as strict:
+            app.tasks["t.single"].apply_async((1,), once={"graceful": False})
+        with pytest.raises(ConfigurationError) as plain:
+            app.tasks["t.plain"].apply_async((1,), once={"keys": ["n"]})
+    assert published == []
+    assert (caught.value.option, caught.value.task) == ("once", "t.single")
+    assert "write redlock={'on_duplicate': 'return', 'singleton_ttl': 60}" in caught.value.problem
+    assert "write redlock={'on_duplicate': 'raise'}" in strict.value.problem
+    assert (plain.value.option, plain.value.task) == ("once", "t.plain")
+    assert "set singleton_key on the task" in plain.value.problem
 
 
 def test_apply_takes_overrides_too(app: Celery, holder: Redlock, note_busy: None) -> None:
