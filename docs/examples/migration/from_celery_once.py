@@ -40,7 +40,8 @@ def slow_add(a, b):
     return a + b
 
 
-# graceful: celery-once returned None; celery_redlock returns the queued copy.
+# graceful: celery-once returned EagerResult(None, None, REJECTED); celery_redlock
+# returns the queued copy.
 first = slow_task.delay(10)
 assert slow_task.delay(10).id == first.id
 
