@@ -12,11 +12,13 @@ import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from kombu import serialization
+
 from ._layout import glob_escape
 from ._spelling import closest
 from .errors import ConfigurationError
 
-__all__ = ["ArgumentPlan", "KeySource", "KeyTemplate", "task_arguments"]
+__all__ = ["ArgumentPlan", "KeySource", "KeyTemplate", "as_delivered", "task_arguments"]
 
 #: What a key option accepts: a template, a callable ``(args, kwargs) -> str``, or nothing.
 KeySource = str | Callable[[tuple[Any, ...], dict[str, Any]], str] | None
@@ -76,6 +78,25 @@ class ArgumentPlan:
         return values
 
 
+def as_delivered(
+    args: Sequence[Any], kwargs: Mapping[str, Any], serializer: str
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args`` and ``kwargs`` as a worker receives them: through ``serializer`` and back.
+
+    Keys are rendered from these at publish, so that a publisher renders the
+    key the worker renders from the message: JSON turns a tuple into a list,
+    a ``str`` enum member into its value, an int dict key into a ``str``.
+
+    Raises:
+        kombu.exceptions.EncodeError: what publishing the call would raise.
+    """
+    dumps: Any = serialization.dumps  # kombu is untyped
+    loads: Any = serialization.loads
+    content_type, encoding, body = dumps((list(args), dict(kwargs)), serializer)
+    delivered_args, delivered_kwargs = loads(body, content_type, encoding)
+    return tuple(delivered_args), dict(delivered_kwargs)
+
+
 def _parameters(plan: ArgumentPlan) -> list[str]:
     """The names a template can use: the task's parameters, without ``*args``/``**kwargs``."""
     plain = (inspect.Parameter.VAR_POSITIONAL, _VAR_KEYWORD)
@@ -102,7 +123,8 @@ class KeyTemplate:
 
     A template's fields name the task's arguments, defaults applied
     (``"user:{user_id}"``, ``"{order.customer}"``, ``"{items[0]}"``). A
-    callable gets ``(args, kwargs)`` as the caller passed them. Bad templates
+    callable gets ``(args, kwargs)`` as given: at publish, those of
+    :func:`as_delivered`, so that both sides render one key. Bad templates
     raise :class:`ConfigurationError` naming ``option`` and the task.
     """
 

@@ -90,7 +90,7 @@ def publish(publication: Publication) -> Any:
     if publication.resent:
         return publication.send_plain()
     task_id = publication.task_id = publication.task_id or uuid()
-    name = policy.name(task.name, publication.args, publication.kwargs)
+    name = policy.name(task.name, *publication.delivered)
     delay = _delay(policy, options)
     headers = dict(options.get("headers") or {})
     seq: int | None = None

@@ -19,6 +19,7 @@ schedule of this process, :func:`watch_beat`), held for one interval.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import weakref
@@ -33,6 +34,7 @@ from . import debounce, signals
 from ._layout import BEAT, QUEUED, LockValue
 from ._preview import call_text
 from ._preview import store as store_preview
+from ._templates import as_delivered
 from .config import redlock_for
 from .errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
 from .policies import SingletonPolicy, TaskPolicy
@@ -93,6 +95,20 @@ class Publication:
         #: A copy sent again by a worker (a retry, a re-queue), not a new publish.
         self.resent = options.get("retries") is not None
 
+    @functools.cached_property
+    def delivered(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call's ``(args, kwargs)`` as the worker will receive them: what keys render from.
+
+        Rendered from the arguments as given, a key could differ from the one
+        the worker renders from the message (a tuple arrives as a list).
+        """
+        task, args, kwargs = self.task, self.args, self.kwargs
+        serializer = self.options.get("serializer") or task.serializer
+        dump = getattr(task, "_dump_pydantic_arguments", None)
+        if dump is not None and serializer != "pickle":
+            args, kwargs = dump(args, kwargs)  # as Celery's apply_async does
+        return as_delivered(args, kwargs, serializer or task.app.conf.task_serializer)
+
     def send(self) -> Any:
         """Publish unless refused; return the ``AsyncResult`` to give the caller.
 
@@ -100,7 +116,7 @@ class Publication:
             DuplicateTask: a duplicate singleton with ``on_duplicate="raise"``.
         """
         if self.policy.rate is not None and self.from_beat:
-            gate = RateGate(self.task, self.policy.rate, self.args, self.kwargs)
+            gate = RateGate(self.task, self.policy.rate, *self.delivered)
             refused = gate.at_publish()
             if refused is not None:
                 return refused
@@ -130,7 +146,7 @@ class Publication:
         task, task_id = self.task, self.task_id
         assert task_id is not None
         # "queued" mode: a publish takes the follow-up's key, whatever runs.
-        key = singleton.names(task.name, self.args, self.kwargs)[-1]
+        key = singleton.names(task.name, *self.delivered)[-1]
         redlock = redlock_for(task.app)
         if self.from_beat:
             ticks = [(beat_tick_name(key), singleton.beat_window)]

@@ -916,3 +916,30 @@ def test_a_follow_up_waiting_in_a_worker_takes_its_place_back(
     finally:
         signals.lock_busy.disconnect(on_busy)
         redlock.close()
+
+
+def test_a_burst_with_a_tuple_in_its_key_runs_once_with_the_last_arguments(app: Celery) -> None:
+    # JSON delivers the tuple as a list: the key each copy checks in the worker
+    # must be the one its publish recorded.
+    @app.task(
+        base=LockedTask,
+        bind=True,
+        name="t.debounced_batch",
+        shared=False,
+        debounce=1.0,
+        debounce_key="batch:{ids}",
+    )
+    def debounced_batch(self: Any, ids: Any, n: int) -> int:
+        app.witness.event("run", "debounced_batch", self.request.id, n=n)
+        return n
+
+    # Published before a worker runs: no copy can come up mid-burst.
+    sent = [debounced_batch.delay((3, 4), n) for n in range(5)]
+    with in_process_worker(app, "threads"):
+        settle(sent)
+    runs = events_of(app, "run", "debounced_batch")
+    assert [(run[2], field(run, "n")) for run in runs] == [(sent[-1].id, "4")]
+    assert sent[-1].get(timeout=1) == 4
+    for result in sent[:-1]:
+        with pytest.raises(Superseded, match=sent[-1].id):
+            result.get(timeout=1)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from celery import Celery, states
 
-from celery_redlock import RateLimiter, signals
+from celery_redlock import LockedTask, RateLimiter, signals
 from celery_redlock.errors import RateLimited
 from celery_redlock.testing import RedisServer
 
@@ -289,3 +289,29 @@ def test_beat_publish_with_the_limiter_down_is_not_lost(
     assert counters.client().exists(f"t:rate:{{{task.name}}}:sliding")
     assert not counters.client().exists(f"t:rate:{{{task.name}}}:publish:sliding")
     assert any("not checked" in record.getMessage() for record in caplog.records)
+
+
+def test_beats_publish_budget_and_the_runs_count_on_one_key_for_a_tuple(
+    app: Celery, lock_nodes: list[RedisServer]
+) -> None:
+    # JSON delivers the tuple as a list: rendered from the arguments as given,
+    # beat's publish would count on "api:(3, 4)" and the run on "api:[3, 4]",
+    # and an override or a reset of the one would miss the other.
+    @app.task(
+        base=LockedTask,
+        bind=True,
+        name="t.api_batch",
+        shared=False,
+        global_rate_limit="10/m",
+        rate_limit_key="api:{ids}",
+    )
+    def api_batch(self: Any, ids: Any) -> str:
+        return str(self.request.id)
+
+    with in_process_worker(app, "threads"):
+        result = api_batch.apply_async(((3, 4),), headers={"celery_beat_task": True})
+        assert result.get(timeout=30) == result.id
+    with lock_nodes[0].client() as client:  # the limiter's node: the first lock node
+        found = {key.decode() for key in client.scan_iter("t:rate:*")}
+    assert {key.partition("}")[0] for key in found} == {"t:rate:{api:[3, 4]"}, found
+    assert any(":publish:" in key for key in found), found

@@ -372,3 +372,35 @@ def send_times(log: str) -> list[float]:
         r"^\[([\d-]+ [\d:]+,\d{3}): INFO/\w+\] Scheduler: Sending due task", log, re.M
     )
     return [datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp() for stamp in found]
+
+
+# -- keys rendered from the message's own arguments --------------------------------------
+
+
+@pytest.mark.parametrize("template", ["batch:{ids}", "batch:{ids!r}"])
+def test_a_key_template_over_a_tuple_is_the_key_the_worker_takes_over(
+    app: Celery, template: str
+) -> None:
+    # JSON delivers the tuple as a list: rendered as given at publish, the key
+    # would be "batch:(3, 4)" there and "batch:[3, 4]" in the worker.
+    @app.task(
+        base=LockedTask,
+        bind=True,
+        name="t.batch",
+        shared=False,
+        singleton=True,
+        singleton_key=template,
+    )
+    def batch(self: Any, ids: Any) -> str:
+        app.witness.event("run", "batch", self.request.id)
+        return str(self.request.id)
+
+    with in_process_worker(app, "threads"):
+        first = batch.delay((3, 4))
+        assert first.get(timeout=30) == first.id
+        # Finished: the key went with the run, so the next publish runs.
+        second = batch.delay((3, 4))
+        assert second.id != first.id
+        assert second.get(timeout=30) == second.id
+    ran = [e[2] for e in app.witness.events() if e[:2] == ["run", "batch"]]
+    assert ran == [first.id, second.id]
