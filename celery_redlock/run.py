@@ -106,6 +106,8 @@ class TaskRun(RunSetbacks):
         #: the run goes on under the caller's hold, and never releases it.
         self.borrowed: HeldLock | None = None
         self.task_id: str = self.request.id or f"direct-{os.urandom(8).hex()}"
+        #: Singleton keys handed back to "queued" for the run's next copy.
+        self.handed_back: list[str] = []
 
     @classmethod
     def current(cls, task: Any) -> TaskRun | None:
@@ -244,6 +246,23 @@ class TaskRun(RunSetbacks):
         )
         return held
 
+    def send_again(self, send: Callable[[], Any]) -> Any:
+        """Send the run's own next copy (a retry, a re-queue) with ``send``, handing it the locks.
+
+        They are released just before it is sent, so that it finds them free
+        however soon it comes up; a singleton's key goes back to "queued" for
+        it, so no duplicate can be published in between. If it is not sent,
+        the run ends, and the key is freed.
+        """
+        self.release_all(requeued=True)
+        try:
+            return send()
+        except BaseException:
+            redlock = redlock_for(self.task.app)
+            for name in self.handed_back:
+                redlock.release_owner(name, self.task_id, QUEUED)
+            raise
+
     def release_all(self, *, requeued: bool = False) -> None:
         """Release every lock of the run, last taken first; safe to call twice."""
         for held in reversed(self.held):
@@ -291,6 +310,7 @@ class TaskRun(RunSetbacks):
             try:
                 if handback.acquire(blocking=False):
                     lock._forget()
+                    self.handed_back.append(lock.name)
                     return
             except QuorumUnavailable:
                 logger.warning("singleton %r could not be handed back to its retry", lock.name)

@@ -232,6 +232,14 @@ class LockedTask(Task):  # type: ignore[misc]
             ConfigurationError: a bad ``redlock`` override, named.
         """
         call_overrides.refuse_peer_keywords(self.name, options)
+        run = TaskRun.current(self)
+        if run is not None and task_id is not None and task_id == run.task_id:
+            # The run's own next copy (self.retry(), a re-queue), sent now: it
+            # gets the run's locks as it goes, and only if it is really sent.
+            return run.send_again(lambda: self._send(args, kwargs, task_id, options))
+        return self._send(args, kwargs, task_id, options)
+
+    def _send(self, args: Any, kwargs: Any, task_id: str | None, options: dict[str, Any]) -> Any:
         overrides = self._take_overrides(options) if call_overrides.KEYWORD in options else None
         policy = self._redlock_policy
         if (
@@ -321,17 +329,6 @@ class LockedTask(Task):  # type: ignore[misc]
         now = _clock.monotonic()
         for held in run.held if run is not None else ():
             held.last_progress = now
-
-    def retry(self, *args: Any, **kwargs: Any) -> Any:
-        """Celery's ``retry``, after giving up the run's locks so the retried copy can take them.
-
-        A singleton's key goes back to "queued" for the retried copy, so no
-        duplicate can be published in between.
-        """
-        run = TaskRun.current(self)
-        if run is not None:
-            run.release_all(requeued=True)
-        return super().retry(*args, **kwargs)
 
 
 def _next_call(cls: type) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from celery import Celery, uuid
+from celery.exceptions import MaxRetriesExceededError
 from celery.result import AsyncResult
 from celery.signals import task_postrun
 
@@ -943,3 +944,38 @@ def test_a_burst_with_a_tuple_in_its_key_runs_once_with_the_last_arguments(app: 
     for result in sent[:-1]:
         with pytest.raises(Superseded, match=sent[-1].id):
             result.get(timeout=1)
+
+
+def test_the_follow_up_starts_once_the_running_copy_runs_out_of_retries(
+    app: Celery, witness: RedisServer
+) -> None:
+    release = witness.client()
+
+    @app.task(
+        base=LockedTask,
+        bind=True,
+        name="t.queued_hopeless",
+        shared=False,
+        singleton=True,
+        singleton_mode="queued",
+        max_retries=1,
+    )
+    def queued_hopeless(self: Any, n: int) -> None:
+        app.witness.event("run", "queued_hopeless", self.request.id)
+        release.blpop([f"release:queued_hopeless:{self.request.id}"], timeout=60)
+        raise self.retry(countdown=0.1)
+
+    with worker_releasing(app, witness, "queued_hopeless"):
+        first = queued_hopeless.delay(1)
+        wait_event(app, "run", "queued_hopeless", first.id)
+        follow_up = queued_hopeless.delay(1)
+        assert follow_up.id != first.id
+        for task_id in (first.id, follow_up.id):
+            release.rpush(f"release:queued_hopeless:{task_id}", "go", "go")
+        with pytest.raises(MaxRetriesExceededError):
+            first.get(timeout=30)
+        # The copy that failed freed the running key: the follow-up runs.
+        with pytest.raises(MaxRetriesExceededError):
+            follow_up.get(timeout=30)
+    runs = [e[2] for e in events_of(app, "run", "queued_hopeless")]
+    assert runs == [first.id, first.id, follow_up.id, follow_up.id]

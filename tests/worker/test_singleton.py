@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from celery import Celery, states
+from celery.exceptions import MaxRetriesExceededError
 
 from celery_redlock import LockedTask, setup, signals
 from celery_redlock.config import policy_for, redlock_for
@@ -404,3 +405,37 @@ def test_a_key_template_over_a_tuple_is_the_key_the_worker_takes_over(
         assert second.get(timeout=30) == second.id
     ran = [e[2] for e in app.witness.events() if e[:2] == ["run", "batch"]]
     assert ran == [first.id, second.id]
+
+
+# -- retries that run out ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["retry", "autoretry_for"])
+def test_a_singleton_whose_retries_run_out_frees_its_key(app: Celery, how: str) -> None:
+    @app.task(
+        base=LockedTask,
+        bind=True,
+        name="t.hopeless",
+        shared=False,
+        singleton=True,
+        max_retries=1,
+        autoretry_for=(ValueError,) if how == "autoretry_for" else (),
+        retry_kwargs={"countdown": 0.1},
+    )
+    def hopeless(self: Any, n: int) -> None:
+        app.witness.event("run", "hopeless", self.request.id, retries=self.request.retries)
+        if how == "retry":
+            raise self.retry(countdown=0.1)
+        raise ValueError("failing on purpose")
+
+    with in_process_worker(app, "threads"):
+        first = hopeless.delay(1)
+        with pytest.raises(MaxRetriesExceededError if how == "retry" else ValueError):
+            first.get(timeout=30)
+        # Failed: the key went with it, so the next publish is a new task that runs.
+        second = hopeless.delay(1)
+        assert second.id != first.id
+        with pytest.raises(MaxRetriesExceededError if how == "retry" else ValueError):
+            second.get(timeout=30)
+    ran = [e[2] for e in app.witness.events() if e[:2] == ["run", "hopeless"]]
+    assert ran == [first.id, first.id, second.id, second.id]
