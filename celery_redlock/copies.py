@@ -36,7 +36,9 @@ twin ended runs again (never beside it).
 
 **Canvas.** A group or chord with two identical singleton signatures
 freezes a task id for each; the second copy must end with a result or
-``group.get()`` and the chord wait forever. Its publish is not suppressed
+``group.get()`` and the chord wait forever. So must a duplicate that is a
+chain's step or carries ``link``/``link_error``, or the rest of the chain
+never runs and ``chain(...).get()`` waits forever. Its publish is not suppressed
 (:mod:`.publication`); in the worker the copy finds the singleton held by
 the other id, and is re-queued (:data:`WINNER_HEADER`) until that run has
 ended: it then ends with the winner's return value, or fails with
@@ -175,8 +177,12 @@ def held_at_most(app: Any, countdown: float) -> float:
 
 
 def in_canvas(request: Any) -> bool:
-    """Whether the run belongs to a group or a chord, whose result someone waits for."""
-    return bool(getattr(request, "group", None) or getattr(request, "chord", None))
+    """Whether the run is part of a canvas: a group, a chord, a chain, or has callbacks.
+
+    Someone waits for its result under its own task id, or something runs after it.
+    """
+    names = ("group", "chord", "chain", "callbacks", "errbacks")
+    return any(getattr(request, name, None) for name in names)
 
 
 def stand_in(task: Any, request: Any, policy: TaskPolicy, key: str, holder_id: str) -> NoReturn:

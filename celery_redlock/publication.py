@@ -48,6 +48,8 @@ logger = logging.getLogger("celery_redlock.task")
 
 #: Header Celery's beat sets on the messages it publishes.
 _BEAT_HEADER = "celery_beat_task"
+#: Publish options of a copy that is part of a canvas: something waits for it or follows it.
+_CANVAS_OPTIONS = ("group_id", "chord", "chain", "link", "link_error")
 #: Attempts at the singleton lock while its holder changes under us.
 _SINGLETON_ATTEMPTS = 3
 #: The beat service running in this process, once started (:func:`watch_beat`).
@@ -255,16 +257,17 @@ class Publication:
         """A singleton is already queued or running as ``holder_id``.
 
         Beat gets the queued task's result either way: an exception would
-        only become an error line in its log. A copy in a group or chord is
-        sent all the same: the canvas waits for a result under its own task
-        id, which the worker gives it once the holder has ended (:mod:`.copies`).
+        only become an error line in its log. A copy in a canvas (a group, a
+        chord, a chain's step, a call with ``link``/``link_error``) is sent all
+        the same: the canvas waits for a result under its own task id, and
+        what follows it must run, which the worker sees to once the holder has
+        ended (:mod:`.copies`).
         """
         task = self.task
         singleton = self.policy.singleton
         assert singleton is not None
-        if self.task_id != holder_id and (
-            self.options.get("group_id") or self.options.get("chord")
-        ):
+        options = self.options
+        if self.task_id != holder_id and any(options.get(name) for name in _CANVAS_OPTIONS):
             return self._publish()
         signals.duplicate_suppressed.send(
             sender=task, task_id=holder_id, key=key, where="beat" if self.from_beat else "publish"

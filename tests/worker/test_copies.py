@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery, chord, group, states
+from celery import Celery, chain, chord, group, states
 from celery.signals import task_postrun, task_prerun
 from celery.worker import state as worker_state
 
@@ -367,3 +367,35 @@ def test_revoking_a_singleton_with_a_countdown_frees_it_for_the_next_publish(
         assert again.get(timeout=20).startswith("single:5/")
     assert runs(app, "single:5") == 1
     assert queued.state == states.REVOKED
+
+
+@pytest.mark.parametrize("how", ["chain", "link"])
+def test_a_duplicate_singleton_step_runs_what_follows_it(app: Celery, how: str) -> None:
+    add_tasks(app)
+    single = app.tasks["c.single"]
+    client = app.witness.client  # type: ignore[attr-defined]
+
+    @app.task(shared=False, name="c.after")
+    def after(value: str) -> str:
+        client.rpush("after", value)
+        return f"after {value}"
+
+    with in_process_worker(app, "threads"):
+        first = single.delay(6, 1.0)
+        # Published while the first is queued or running: a duplicate, which
+        # ends with the first's value once it has ended, and what follows runs.
+        if how == "chain":
+            tail = chain(single.si(6, 1.0), after.s()).apply_async()
+        else:
+            duplicate = single.apply_async((6, 1.0), link=after.s())
+            assert duplicate.id != first.id
+            tail = None
+        value = first.get(timeout=60)
+        if tail is not None:
+            assert tail.get(timeout=60) == f"after {value}"
+        deadline = time.monotonic() + 60
+        while not client.llen("after"):
+            assert time.monotonic() < deadline, "the step after the duplicate never ran"
+            time.sleep(0.05)
+    assert [item.decode() for item in client.lrange("after", 0, -1)] == [value]
+    assert runs(app, "single:6") == 1
