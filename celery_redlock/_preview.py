@@ -4,8 +4,11 @@ When a publish takes a singleton lock, the call (``(42, 'full', force=True)``,
 shortened to :data:`~celery_redlock._layout.PREVIEW_CHARS`) is written to
 the lock's ``:args`` key on every lock node, with the ttl the lock was
 written with, so that an operator can see what a queued or running
-singleton is about. It is written after the lock and is best effort: a node
-that does not answer only lacks the text. Arguments Celery would hide hide
+singleton is about. It is written after the lock and dropped before the lock
+is freed (the run ended, the publish failed, the follow-up of the
+``"queued"`` mode started), by the holder: no key is left per call once its
+run is over. Both are best effort: a node that does not answer only lacks
+the text, or keeps it until its ttl. Arguments Celery would hide hide
 here too: ``apply_async(..., argsrepr=..., kwargsrepr=...)`` are used in
 place of the arguments, as in Celery's own logs and events.
 """
@@ -21,7 +24,7 @@ from ._layout import PREVIEW_CHARS, ArgsPreview
 from ._nodes import Command, fan_out
 from .redlock import Redlock
 
-__all__ = ["call_text", "store"]
+__all__ = ["call_text", "drop", "store"]
 
 logger = logging.getLogger("celery_redlock.task")
 
@@ -78,3 +81,14 @@ def store(redlock: Redlock, name: str, task_id: str, text: str, ttl: float) -> N
     ]
     if failed:
         logger.debug("singleton %r: arguments not stored on %d node(s)", name, len(failed))
+
+
+def drop(redlock: Redlock, name: str) -> None:
+    """Delete the call text of singleton ``name``: its holder's run or publish is over.
+
+    Called while the caller still holds ``name``: only a holder writes the
+    text, so no other holder's text can be deleted.
+    """
+    command = Command(("DEL", redlock.keys(name).args))
+    nodes = redlock.nodes
+    fan_out(nodes, [[command]] * len(nodes), redlock.node_timeout)

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from . import signals
 from ._layout import QUEUED, LockValue
+from ._preview import drop as drop_preview
 from .config import redlock_for
 from .errors import LockNotAcquired, QuorumUnavailable
 from .heartbeat import HeldLock
@@ -72,6 +73,8 @@ def take_running(run: TaskRun, name: str) -> HeldLock:
     )
     redlock = redlock_for(run.task.app)
     queued = queued_name(name)
+    if task_id_of(redlock.holder(queued)) == run.task_id:
+        drop_preview(redlock, queued)  # its publish's text: the copy no longer waits
     # Not ours, or no longer held, is the usual case for a copy sent by name
     # or a retry. Held by us on a majority still would make later publishes
     # return this running copy until singleton_ttl: say so.

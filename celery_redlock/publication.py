@@ -33,6 +33,7 @@ from celery.utils import uuid
 from . import debounce, signals
 from ._layout import BEAT, QUEUED, LockValue
 from ._preview import call_text
+from ._preview import drop as drop_preview
 from ._preview import store as store_preview
 from ._templates import as_delivered
 from .config import redlock_for
@@ -203,6 +204,7 @@ class Publication:
             return self._publish()
         except BaseException:
             if lock is not None:
+                drop_preview(redlock, key)
                 lock.release()
             raise
 

@@ -42,6 +42,7 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from . import _clock, debounce, followup, signals
 from ._layout import QUEUED, LockValue
+from ._preview import drop as drop_preview
 from .concurrency import SlotGate
 from .config import redlock_for
 from .copies import (
@@ -314,6 +315,8 @@ class TaskRun(RunSetbacks):
                     return
             except QuorumUnavailable:
                 logger.warning("singleton %r could not be handed back to its retry", lock.name)
+        if held.singleton_ttl:
+            drop_preview(lock.redlock, lock.name)
         if not lock.release() and not held.lost:
             # Gone before its release (deleted, taken over, expired between
             # renewals): the run's work may have overlapped another holder's.

@@ -439,3 +439,30 @@ def test_a_singleton_whose_retries_run_out_frees_its_key(app: Celery, how: str) 
             second.get(timeout=30)
     ran = [e[2] for e in app.witness.events() if e[:2] == ["run", "hopeless"]]
     assert ran == [first.id, first.id, second.id, second.id]
+
+
+# -- argument previews ---------------------------------------------------------------------
+
+
+def preview_keys(lock_nodes: list[RedisServer]) -> list[bytes]:
+    found = []
+    for node in lock_nodes:
+        with node.client() as client:
+            found.extend(client.scan_iter("*:args"))
+    return found
+
+
+def test_no_argument_preview_outlives_its_run(make_app: Any, lock_nodes: list[RedisServer]) -> None:
+    app = make_app()
+    single, queued = app.tasks["t.single"], app.tasks["t.queued"]
+    # Published before a worker runs: each shows its call while it waits.
+    results = [single.delay(n, 0.05) for n in range(5)]
+    results += [queued.delay(n, 0.05) for n in range(3)]
+    assert len(preview_keys(lock_nodes)) == 8 * len(lock_nodes)
+    with in_process_worker(app, "threads"):
+        for result in results:
+            result.get(timeout=30)
+    assert preview_keys(lock_nodes) == []
+    eager = make_app(task_always_eager=True)
+    assert eager.tasks["t.single"].delay(40, 0.05).get(timeout=30)
+    assert preview_keys(lock_nodes) == []
