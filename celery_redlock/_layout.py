@@ -58,6 +58,7 @@ __all__ = [
     "SemaphoreKeys",
     "debounce_record",
     "done_key",
+    "ended_key",
     "fence_bucket",
     "fence_pattern",
     "glob_escape",
@@ -167,6 +168,11 @@ def fence_bucket(prefix: str, name: str) -> str:
 def done_key(prefix: str, task_id: str) -> str:
     """The key telling that a run of ``task_id`` ended (a re-delivered copy is not run)."""
     return f"{prefix}done:{task_id}"
+
+
+def ended_key(prefix: str, task_id: str, where: str) -> str:
+    """The key telling that the worker ended the run of ``task_id`` at ``where``."""
+    return f"{prefix}ended:{task_id}{_SEPARATOR}{where}"
 
 
 def fence_pattern(prefix: str) -> str:

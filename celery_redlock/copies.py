@@ -30,6 +30,12 @@ overwrites the twin's result. So:
   its own task id and is re-queued behind it, so the look for a done mark
   is never made by two copies at once, before or after a wait.
 
+A run the worker ends itself (a hard time limit, ``revoke(terminate=True)``)
+gets an *ended mark* (:func:`mark_ended`) written by the worker's main
+process before it frees the run's locks by their owner: the killed run's
+own release or renewal, which may still come, finds its locks gone by
+design and tells no loss (:func:`ended_by_worker`).
+
 Other runs neither write nor read anything more. Without a result backend
 the mark alone tells: a copy arriving more than ``2 * lock_ttl`` after its
 twin ended runs again (never beside it).
@@ -56,7 +62,7 @@ from celery import states
 from celery.exceptions import Ignore
 
 from . import signals
-from ._layout import done_key
+from ._layout import done_key, ended_key
 from ._nodes import Command, fan_out
 from ._outcomes import failed, reply
 from .config import redlock_for
@@ -69,12 +75,14 @@ __all__ = [
     "DONE_TTL_FACTOR",
     "WINNER_HEADER",
     "delivery_name",
+    "ended_by_worker",
     "finished",
     "held_at_most",
     "in_canvas",
     "leaves_mark",
     "look_at_winner",
     "mark_done",
+    "mark_ended",
     "redelivered",
     "stand_in",
     "winner_outcome",
@@ -117,14 +125,41 @@ def leaves_mark(task: Any, request: Any) -> bool:
 
 def mark_done(redlock: Redlock, task_id: str, ttl: float) -> None:
     """Record on every lock node that a run of ``task_id`` ended; best effort."""
-    command = Command(
-        ("SET", done_key(redlock.key_prefix, task_id), "1", "PX", max(1, round(ttl * 1000)))
-    )
+    _mark(redlock, done_key(redlock.key_prefix, task_id), ttl)
+
+
+def mark_ended(redlock: Redlock, task_id: str, where: str, ttl: float) -> None:
+    """Record on every lock node that the worker ended the run of ``task_id`` at ``where``.
+
+    Best effort; written before the worker frees the run's locks, and kept
+    for ``ttl``, the longest the run could still take its locks for held.
+    """
+    _mark(redlock, ended_key(redlock.key_prefix, task_id, where), ttl)
+
+
+def ended_by_worker(redlock: Redlock, task_id: str, where: str) -> bool:
+    """Whether the worker ended the run of ``task_id`` at ``where`` (:func:`mark_ended`)."""
+    return _marked(redlock, ended_key(redlock.key_prefix, task_id, where))
+
+
+def _mark(redlock: Redlock, key: str, ttl: float) -> None:
+    command = Command(("SET", key, "1", "PX", max(1, round(ttl * 1000))))
     nodes = redlock.nodes
     results = fan_out(nodes, [[command]] * len(nodes), redlock.node_timeout)
     missed = sum(failed(reply(result)) for result in results)
     if missed:
-        logger.debug("task %s: done mark not written on %d node(s)", task_id, missed)
+        logger.debug("mark %r not written on %d node(s)", key, missed)
+
+
+def _marked(redlock: Redlock, key: str) -> bool:
+    """Whether any lock node that answers has ``key``."""
+    nodes = redlock.nodes
+    command = Command(("EXISTS", key))
+    for result in fan_out(nodes, [[command]] * len(nodes), redlock.node_timeout):
+        answer = reply(result)
+        if not failed(answer) and answer:
+            return True
+    return False
 
 
 def finished(
@@ -136,14 +171,8 @@ def finished(
     task that takes no lock. ``backend``: ask the result backend too (a run
     that is no copy itself only needs the mark: a copy that ran first left one).
     """
-    if redlock is not None:
-        key = done_key(redlock.key_prefix, task_id)
-        nodes = redlock.nodes
-        command = Command(("EXISTS", key))
-        for result in fan_out(nodes, [[command]] * len(nodes), redlock.node_timeout):
-            answer = reply(result)
-            if not failed(answer) and answer:
-                return "its run left a done mark"
+    if redlock is not None and _marked(redlock, done_key(redlock.key_prefix, task_id)):
+        return "its run left a done mark"
     if not backend:
         return None
     try:

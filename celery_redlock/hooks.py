@@ -44,7 +44,7 @@ from .config import (
     redlock_for,
     settings_for,
 )
-from .copies import delivery_name
+from .copies import delivery_name, mark_ended
 from .errors import ConfigurationError
 from .overrides import guard_send_task
 from .policies import TaskPolicy
@@ -183,6 +183,11 @@ def free_by_owner(task: Any, task_id: str | None, args: Any, kwargs: Any, where:
     try:
         names = [*policy.lock_names(args or (), kwargs or {}), delivery_name(task_id)]
         redlock = redlock_for(task.app)
+        if where != QUEUED:
+            # First: the run, if still alive, finds its locks freed on purpose.
+            resolved = policy_for(task)
+            ttl = resolved.ttl if resolved is not None and resolved.ttl else None
+            mark_ended(redlock, task_id, where, ttl or redlock.default_ttl)
         for name in names:
             if redlock.release_owner(name, task_id, where):
                 cleanup_logger.info("freed lock %r of task %s, which ended abruptly", name, task_id)

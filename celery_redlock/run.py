@@ -49,6 +49,7 @@ from .copies import (
     DONE_TTL_FACTOR,
     WINNER_HEADER,
     delivery_name,
+    ended_by_worker,
     in_canvas,
     leaves_mark,
     look_at_winner,
@@ -354,6 +355,12 @@ class TaskRun(RunSetbacks):
         return value if isinstance(value, str) and value else None
 
     def _send_lost(self, held: HeldLock, reason: str) -> None:
+        if self._ended_by_worker():
+            # A hard time limit or a terminate: the worker freed it, no loss.
+            logger.info(
+                "%r of task %s freed by the worker, which ended the run", held.name, self.task_id
+            )
+            return
         signals.lock_lost.send(
             sender=self.task,
             task_id=held.task_id,
@@ -362,6 +369,12 @@ class TaskRun(RunSetbacks):
             reason=reason,
             code=held.lost_code,
         )
+
+    def _ended_by_worker(self) -> bool:
+        try:
+            return ended_by_worker(redlock_for(self.task.app), self.task_id, self.worker())
+        except Exception:  # a loss is told rather than hidden
+            return False
 
 
 def _held_on_this_thread(name: str) -> HeldLock | None:

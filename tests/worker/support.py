@@ -32,9 +32,10 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 from celery.signals import after_task_publish, task_prerun, worker_ready
 
 from celery_redlock import LockedTask, Redlock, setup
+from celery_redlock._layout import semaphore_keys
 from celery_redlock.errors import LockLost
 from celery_redlock.run import BUSY_HEADER
-from celery_redlock.signals import lock_busy
+from celery_redlock.signals import lock_busy, lock_lost
 from celery_redlock.testing import RedisServer
 
 #: The repository's root: where ``celery -A tests.worker.support`` runs.
@@ -656,6 +657,41 @@ def create_app(
     def slot_skip(self: Any, key: str) -> None:
         witness.event("run", key, self.request.id)
 
+    # -- hard time limits (test_locked_task.py, test_concurrency_limit.py) ---------
+
+    def limited_run(self: Any, key: str, how: str, keys: list[str]) -> str:
+        """``hang`` until the hard limit; ``lose``: delete the run's keys, a genuine loss."""
+        witness.event("run", key, self.request.id, how=how)
+        if how == "hang":
+            time.sleep(30)
+        if how == "lose":
+            for url in nodes:
+                with redis.Redis.from_url(url) as client:
+                    client.delete(*keys)
+        return how
+
+    @task(
+        base=LockedTask,
+        bind=True,
+        name="t.limit_lock",
+        lock_key="limit:{key}",
+        lock_timeout=30,
+    )
+    def limit_lock(self: Any, key: str, how: str) -> str:
+        return limited_run(self, key, how, [self.lock.redlock.key(f"limit:{key}")])
+
+    @task(
+        base=LockedTask,
+        bind=True,
+        name="t.limit_slot",
+        concurrency_limit=1,
+        concurrency_key="limit-slot:{key}",
+        lock_timeout=30,
+    )
+    def limit_slot(self: Any, key: str, how: str) -> str:
+        slot = semaphore_keys("t:", f"limit-slot:{key}")
+        return limited_run(self, key, how, [slot.holders, slot.expiry])
+
     app.witness = witness  # type: ignore[attr-defined]
     return app
 
@@ -1050,6 +1086,10 @@ if "CR_BROKER" in os.environ:
         from celery_redlock.contrib import prometheus
 
         prometheus.serve_worker(app, port=int(os.environ["CR_METRICS_PORT"]), addr="127.0.0.1")
+
+    @lock_lost.connect(weak=False)
+    def note_lost(sender: Any = None, task_id: Any = None, key: Any = None, **fields: Any) -> None:
+        app.witness.event("lost", str(key), task_id, code=fields.get("code"))
 
     @lock_busy.connect(weak=False)
     def note_busy(sender: Any = None, task_id: Any = None, key: Any = None, **_: Any) -> None:

@@ -172,6 +172,43 @@ def test_hard_time_limit_frees_the_lock_from_the_main_process(
     assert "freed lock" in worker.log()
 
 
+def wait_for_run(app: Celery, task_id: str, timeout: float = 30.0) -> None:
+    """Wait until the body of ``task_id`` has started (its ``run`` event)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(e[0] == "run" and e[2] == task_id for e in app.witness.events()):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"task {task_id} did not start within {timeout} s")
+
+
+@pytest.mark.parametrize("name", ["t.limit_lock", "t.limit_slot"])
+def test_a_hard_time_limit_is_not_told_as_a_lost_lock(
+    app: Celery, worker_process: Any, name: str
+) -> None:
+    """The worker frees a killed run's lock or slot for the run waiting on it: no loss is told.
+
+    Each hard-limited run has a run of the same key waiting beside it, which
+    takes the lock (or slot) as soon as the worker frees it, before the
+    killed run's own ``finally`` looks at it. A run whose keys are really
+    deleted under it is still told lost, by the same worker.
+    """
+    worker_process(concurrency=2)
+    task = app.tasks[name]
+    hung = []
+    for _ in range(3):
+        hung.append(task.apply_async(("k", "hang"), time_limit=1.0))
+        wait_for_run(app, hung[-1].id)  # holding it: the next run waits for it
+        assert task.delay("k", "next").get(timeout=60) == "next"
+    for result in hung:
+        with pytest.raises(Exception, match="TimeLimitExceeded"):
+            result.get(timeout=30)
+    lost_run = task.delay("k", "lose")
+    assert lost_run.get(timeout=30) == "lose"
+    lost = [event for event in app.witness.events() if event[0] == "lost"]
+    assert [event[2] for event in lost] == [lost_run.id], lost
+
+
 def test_killed_worker_lock_expires_within_its_ttl(
     app: Celery, lock_nodes: list[RedisServer], worker_process: Any
 ) -> None:
