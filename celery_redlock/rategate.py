@@ -106,7 +106,7 @@ class RateGate:
             else:
                 decision = limiter.peek(list(self.limits), cost=self.cost)
         except RateLimiterUnavailable as exc:
-            if request.called_directly:
+            if request.called_directly or request.is_eager:  # nothing to re-queue
                 raise
             countdown = LIMITER_DOWN_RETRY * random.uniform(0.5, 1.5)
             # The limiter has logged the outage once; one line per run would flood the log.

@@ -262,9 +262,10 @@ class RunSetbacks:
         """Lock nodes unreachable at task start: re-queue (not counted as a retry).
 
         Logged, and handed to Celery's retry, as one line with a node summary.
+        A direct call or an eager run, which nothing can re-queue, raises ``exc``.
         """
         task, request = self.task, self.request
-        if request.called_directly:
+        if request.called_directly or request.is_eager:
             raise exc
         countdown = UNAVAILABLE_RETRY * random.uniform(0.5, 1.5)
         short = short_error(exc, what)

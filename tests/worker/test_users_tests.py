@@ -21,9 +21,14 @@ import pytest
 from celery import Celery, states
 
 from celery_redlock import LockedTask, Redlock, config
-from celery_redlock.errors import ConfigurationError, RateLimited
+from celery_redlock.errors import (
+    ConfigurationError,
+    QuorumUnavailable,
+    RateLimited,
+    RateLimiterUnavailable,
+)
 from celery_redlock.testconf import redlock_settings
-from celery_redlock.testing import RedisServer, ServerGroup
+from celery_redlock.testing import RedisServer, ServerGroup, free_port
 
 from .support import in_process_worker
 
@@ -202,6 +207,31 @@ def test_eager_mode_with_enabled_unset_keeps_locking(lock_nodes: list[RedisServe
         assert app.seen == []
     finally:
         holder.close()
+        config.forget(app)
+
+
+def test_an_eager_run_without_redis_raises_what_did_not_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Nothing listens on the port: no lock node, no rate-limit Redis. An eager
+    # run cannot be re-queued, so it fails at once with what did not answer.
+    down = [f"redis://127.0.0.1:{free_port()}/0"]
+    app = build_app(task_always_eager=True, task_eager_propagates=True, redlock_nodes=down)
+    try:
+        with caplog.at_level(logging.INFO, logger="celery_redlock"):
+            with pytest.raises(QuorumUnavailable):
+                app.tasks["u.sync"].delay(1)
+            with pytest.raises(QuorumUnavailable):
+                app.tasks["u.report"].delay("monday")
+            with pytest.raises(RateLimiterUnavailable):
+                app.tasks["u.call_api"].delay(1)
+            # Without propagation: one attempt, its result the failure.
+            result = app.tasks["u.sync"].apply(args=(1,), throw=False)
+        assert result.state == states.FAILURE
+        assert isinstance(result.result, QuorumUnavailable)
+        assert app.seen == []
+        assert not [r for r in caplog.records if "re-queued" in r.getMessage()], caplog.text
+    finally:
         config.forget(app)
 
 
