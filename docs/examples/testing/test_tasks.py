@@ -19,6 +19,20 @@ def test_each_sync_holds_the_users_lock(redlock_fake_app):
     assert second > first
 
 
+def test_publishing_twice_returns_the_queued_copy(redlock_fake_app, monkeypatch):
+    # Published, not run: eager mode off for this test, and Celery's in-memory
+    # broker, where no worker takes the message. Only task ids are compared, so
+    # no result backend is needed (ignore_result).
+    monkeypatch.setitem(redlock_fake_app.conf, "task_always_eager", False)
+    with redlock_fake_app.connection_for_write("memory://") as broker:
+        publish = {"connection": broker, "ignore_result": True}
+        first = nightly.apply_async(("2026-11-24",), **publish)
+        again = nightly.apply_async(("2026-11-24",), **publish)
+        other_day = nightly.apply_async(("2026-11-25",), **publish)
+    assert again.id == first.id
+    assert other_day.id != first.id
+
+
 def test_prices_stop_at_the_global_limit(redlock_real_app):
     # Three throw-away redis-server processes: the limit counts for real.
     assert [fetch_price.delay("ACME").get() for _ in range(2)] == [104.0, 104.0]
