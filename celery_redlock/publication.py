@@ -12,16 +12,18 @@ What the worker does with the message is :mod:`.run`'s job.
 Two beat processes on one schedule publish each tick once. Ticks of a
 crontab fall at the same time in both; a publish takes the tick's lock for
 ``singleton_beat_window``. Ticks of an interval entry fall wherever each beat
-started (every 4 s from its own start): a publish also takes the lock of its
-schedule slot, the wall clock divided by the interval (read from the beat
-schedule of this process, :func:`watch_beat`), held for one interval.
+started (every 4 s from its own start): a publish also takes the entry's
+interval lock, held for the interval less a margin (a quarter of it, at most
+1 s; the interval is read from the beat schedule of this process,
+:func:`watch_beat`). Another beat's tick inside that hold is refused; the
+holder's own next tick, one interval later even if it runs up to the margin
+early, is not. Only Redis's ttl measures the hold: no clock of the beats'.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import time
 import weakref
 from typing import Any
 
@@ -41,7 +43,7 @@ from .errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
 from .policies import SingletonPolicy, TaskPolicy
 from .rategate import RateGate
 from .redlock import Lock
-from .singleton import beat_tick_name, seconds_held, task_id_of
+from .singleton import beat_interval_name, beat_tick_name, seconds_held, task_id_of
 
 __all__ = ["Publication", "watch_beat"]
 
@@ -55,6 +57,11 @@ _CANVAS_OPTIONS = ("group_id", "chord", "chain", "link", "link_error")
 _SINGLETON_ATTEMPTS = 3
 #: The beat service running in this process, once started (:func:`watch_beat`).
 _beat_service: weakref.ref[Any] | None = None
+
+
+def _interval_margin(interval: float) -> float:
+    """How much early a beat's next interval tick may run and still be its own."""
+    return min(interval / 4, 1.0)
 
 
 def watch_beat() -> None:
@@ -155,8 +162,8 @@ class Publication:
             ticks = [(beat_tick_name(key), singleton.beat_window)]
             interval = self._beat_interval(singleton, key)
             if interval is not None:
-                slot = int(time.time() // interval)
-                ticks.append((f"{beat_tick_name(key)}:{slot}", interval))
+                hold = interval - _interval_margin(interval)
+                ticks.append((beat_interval_name(key), hold))
             for name, ttl in ticks:
                 tick = redlock.lock(name, ttl=ttl, owner=LockValue.owner_text(task_id, BEAT))
                 try:

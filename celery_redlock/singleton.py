@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from .redlock import Redlock
 
 __all__ = [
+    "beat_interval_name",
     "beat_tick_name",
     "canonical_hash",
     "debounce_name",
@@ -116,6 +117,11 @@ def debounce_name(task_name: str, key: str) -> str:
 def beat_tick_name(singleton: str) -> str:
     """The lock name that marks one beat tick of the singleton called ``singleton``."""
     return f"beat-{singleton}"
+
+
+def beat_interval_name(singleton: str) -> str:
+    """The lock name that holds one interval of the singleton's interval beat entry."""
+    return f"{beat_tick_name(singleton)}:interval"
 
 
 def queued_marker(task_id: str) -> str:

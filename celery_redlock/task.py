@@ -119,7 +119,7 @@ class LockedTask(Task):  # type: ignore[misc]
     on_duplicate: str | None = None
     #: Beat publishes this close together (seconds) are one tick (default 0.5):
     #: two beat processes on one schedule publish once (an interval entry's
-    #: ticks are also one per slot of the interval: see :mod:`.publication`).
+    #: ticks are also one per interval: see :mod:`.publication`).
     singleton_beat_window: float | None = None
     #: ``"one"`` (default): one queued-or-running copy; ``"queued"``: one running
     #: copy plus at most one queued follow-up (see :mod:`.followup`).
