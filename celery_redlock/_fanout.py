@@ -3,7 +3,8 @@
 :func:`fan_out` queues each node's commands on that node's shared
 :class:`~._link.Link` and waits for the replies. All the links of the
 process are read by one caller at a time, the *leader*: whichever caller is
-waiting first polls every link with one ``poll`` call, parses what comes in
+waiting first polls every link with one ``poll`` call (``select`` under
+eventlet, which removes ``poll``), parses what comes in
 and hands each reply to the caller it belongs to; the others sleep on an
 event until their replies are in or their deadline passes. When the leader's
 own replies are in, it hands the role to a waiting caller and returns. A
@@ -431,7 +432,7 @@ class _Hub:
         watched = {link.fd: link for link in self.links if link.open and not link.connecting}
         if not watched:
             return
-        poller = select.poll()
+        poller = _poller()
         for fd in watched:
             poller.register(fd, POLLIN)
         try:
@@ -487,15 +488,18 @@ class _Hub:
                     self.hand_off()
 
     def _drain_wake(self) -> None:
+        """Empty the wake-up pipe, which ``poll`` found readable.
+
+        One read: :meth:`wake` writes one byte per wake-up it asks for and
+        none more until this runs. (Reading until ``EAGAIN`` would block
+        under eventlet, whose ``os.read`` waits for more bytes instead.)
+        """
         self._wake_pending = False
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._wake_r, 4096)
 
     def poll_set(self) -> tuple[Any, dict[int, Link]]:
-        poller = select.poll()
+        poller = _poller()
         links: dict[int, Link] = {}
         for link in self.links:
             if link.open:
@@ -573,6 +577,42 @@ class _Hub:
             if op.finished:
                 return False
             event.clear()
+
+
+class _SelectPoller:
+    """``select.poll``'s interface over ``select.select``.
+
+    For a process that has no ``poll``: eventlet's monkey-patching (``celery
+    worker -P eventlet``) removes it and leaves a cooperative ``select``.
+    Only the events the hub asks for are reported: an error or a hang-up
+    shows as readable (and writable), as ``select`` reports it.
+    """
+
+    def __init__(self) -> None:
+        self.readers: list[int] = []
+        self.writers: list[int] = []
+
+    def register(self, fd: int, events: int) -> None:
+        if events & POLLIN:
+            self.readers.append(fd)
+        if events & POLLOUT:
+            self.writers.append(fd)
+
+    def poll(self, timeout_ms: int) -> list[tuple[int, int]]:
+        readable, writable, _ = select.select(self.readers, self.writers, [], timeout_ms / 1000)
+        ready = dict.fromkeys(readable, POLLIN)
+        for fd in writable:
+            ready[fd] = ready.get(fd, 0) | POLLOUT
+        return list(ready.items())
+
+
+def _poller() -> Any:
+    """A poller for the hub: ``select.poll``, or :class:`_SelectPoller` where it is gone.
+
+    Chosen at each call: monkey-patching may happen after this module is imported.
+    """
+    poll = getattr(select, "poll", None)
+    return _SelectPoller() if poll is None else poll()
 
 
 _hub: _Hub | None = None

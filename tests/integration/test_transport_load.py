@@ -1,6 +1,6 @@
 """Hundreds of lock operations in flight in one process, with default settings.
 
-Threads and gevent greenlets share the lock's few connections per node: no
+Threads, gevent greenlets and eventlet green threads share the lock's few connections per node: no
 operation fails for want of a connection, none is leaked (also when a
 greenlet is killed in the middle of one), and afterwards each node has only
 a couple of connections from the process.
@@ -24,6 +24,7 @@ from tests.support import client_addresses
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 GEVENT_LOAD = Path(__file__).with_name("_gevent_load.py")
+EVENTLET_LOCK = Path(__file__).with_name("_eventlet_lock.py")
 
 
 def test_500_greenlets_in_one_process(servers):
@@ -114,3 +115,25 @@ def test_each_thread_gets_its_own_replies_from_whoever_reads_them(servers):
     assert hub.followers == []
     for node in nodes:
         node.close()
+
+
+def test_the_lock_under_eventlet(servers):
+    # eventlet's monkey-patching removes select.poll: the fan-out falls back
+    # to select.select, and a released lock still reaches its waiter at once.
+    pytest.importorskip("eventlet")
+    nodes = list(servers)[:3]
+    done = subprocess.run(
+        [sys.executable, str(EVENTLET_LOCK), *(node.url for node in nodes)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["patched"] is True
+    assert found["failures"] == []
+    assert found["done"] == 50 * 5
+    # Woken by the release: a waiter that polled would sleep 15 s or more.
+    assert found["handoff"] is not None
+    assert found["handoff"] < 10.0, found["handoff"]

@@ -1,4 +1,4 @@
-"""LockedTask with real workers (threads, solo, prefork) on three real lock nodes."""
+"""LockedTask with real workers (threads, solo, prefork, gevent, eventlet) on three lock nodes."""
 
 from __future__ import annotations
 
@@ -65,6 +65,23 @@ def test_prefork_worker_serialises_one_key(app: Celery, worker_process: Any) -> 
     assert len([e for e in events if e[0] == "enter"]) == 24
     assert overlaps(events) == 0
     assert len({e[4] for e in events}) > 1, "expected several pool processes to take part"
+
+
+@pytest.mark.parametrize("pool", ["gevent", "eventlet"])
+def test_a_green_worker_serialises_one_key(
+    app: Celery, worker_process: Any, lock_nodes: list[RedisServer], pool: str
+) -> None:
+    # eventlet's monkey-patching removes select.poll; gevent's replaces it.
+    pytest.importorskip(pool)
+    worker = worker_process(pool=pool, concurrency=8)
+    results = [app.tasks["t.serial"].delay("shared", 0.02) for _ in range(24)]
+    for result in results:
+        result.get(timeout=60)
+    events = app.witness.events()
+    assert len([e for e in events if e[0] == "enter"]) == 24
+    assert overlaps(events) == 0
+    assert free_now(lock_nodes, "serial:shared")
+    assert "ERROR" not in worker.log(), worker.log()[-3000:]
 
 
 def test_heartbeat_keeps_the_lock_for_three_ttls(
