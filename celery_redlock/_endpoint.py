@@ -23,7 +23,7 @@ import ipaddress
 import logging
 import os
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -42,6 +42,7 @@ __all__ = [
     "bad",
     "check_options",
     "integer",
+    "prepare_tls",
     "query_options",
     "redact",
 ]
@@ -166,7 +167,7 @@ class Endpoint:
         return self.username, self.password
 
     def ssl_context(self) -> ssl.SSLContext:
-        """The TLS context for this endpoint, built once."""
+        """The TLS context for this endpoint, built once (see :func:`prepare_tls`)."""
         assert self.tls is not None
         if not self._context:
             self._context.append(self.tls.context())
@@ -314,6 +315,30 @@ class Endpoint:
             client_name=kwargs.get("client_name"),
             tls=tls,
         )
+
+
+def prepare_tls(endpoints: Iterable[Endpoint]) -> None:
+    """Build the TLS contexts of ``endpoints`` now, one per distinct TLS settings.
+
+    Building one loads the CA bundle (tens of milliseconds): done when the
+    nodes are made, not while a call waits for its first connections, where
+    it would eat the node timeout of every TLS node in turn.
+
+    Raises:
+        ConfigurationError: the settings cannot be used (a certificate or CA
+            file that does not load, an unknown cipher list...).
+    """
+    built: dict[TLSSettings, ssl.SSLContext] = {}
+    for endpoint in endpoints:
+        if endpoint.tls is None or endpoint._context:
+            continue
+        context = built.get(endpoint.tls)
+        if context is None:
+            try:
+                context = built[endpoint.tls] = endpoint.tls.context()
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                raise bad(f"{endpoint.name}: the TLS settings cannot be used: {exc}") from exc
+        endpoint._context.append(context)
 
 
 def redact(url: str) -> str:

@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 from . import _fanout
 from ._calls import Call, Command, NodeFailure, NodeResult, NotWaitedFor
 from ._direct import run_direct
-from ._endpoint import Endpoint, bad
+from ._endpoint import Endpoint, bad, prepare_tls
 from ._fanout import fan_out
 from ._link import Link
 from ._sentinel import SENTINEL_SCHEME, MasterFinder, SentinelMaster
@@ -260,9 +260,13 @@ def _fakeredis_without_lua(client: redis.Redis) -> bool:
 def make_nodes(nodes: Sequence[str | redis.Redis], timeout: float) -> list[Node]:
     """Turn URLs and clients into :class:`Node` objects, validating each.
 
+    TLS contexts are built here, one per distinct TLS settings (see
+    :func:`~._endpoint.prepare_tls`).
+
     Raises:
         ConfigurationError: a URL is malformed or has an option the lock
-            refuses, or two entries are the same server.
+            refuses, two entries are the same server, or TLS settings
+            cannot be used.
     """
     if isinstance(nodes, str | redis.Redis):
         nodes = [nodes]
@@ -283,6 +287,7 @@ def make_nodes(nodes: Sequence[str | redis.Redis], timeout: float) -> list[Node]
         for node in nodes
     ]
     _refuse_twins([node.identity for node in made if node.identity is not None])
+    prepare_tls(node.endpoint for node in made if node.endpoint is not None)
     return made
 
 
