@@ -69,7 +69,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._calls import Call, Command, NodeFailure, NodeResult, NotWaitedFor
+from ._calls import Call, Command, NodeFailure, NodeResult, NotWaitedFor, checked
 from ._link import POLLIN, POLLOUT, Link, LinkBroken, Slot
 
 if TYPE_CHECKING:
@@ -236,6 +236,8 @@ class _Op:
         if part.done:
             return
         part.done = True
+        if not isinstance(result, NodeFailure):
+            result = checked(part.calls, result)
         self.results[part.index] = result
         self.waiting -= 1
         if self.finished:
@@ -660,7 +662,9 @@ def fan_out(
     EVALSHA afterwards; a script missing from the node's cache all the same
     (``SCRIPT FLUSH``) is sent again with EVAL, with the same allowance. A
     ``ResponseError`` (``WRONGTYPE``,
-    ``OOM``, ``READONLY``…) is returned in place of that call's reply.
+    ``OOM``, ``READONLY``…) is returned in place of that call's reply, and
+    so is a :class:`~._calls.WrongReply` for a reply of the wrong shape
+    (:func:`~._calls.checked`), before ``enough`` or the caller sees it.
 
     Args:
         nodes: the nodes to ask.
@@ -677,7 +681,10 @@ def fan_out(
         if not calls[index]:
             continue
         if node.direct is not None:
-            op.results[index] = node.run_direct(calls[index])
+            direct = node.run_direct(calls[index])
+            op.results[index] = (
+                direct if isinstance(direct, NodeFailure) else checked(calls[index], direct)
+            )
             elsewhere.add(index)
         elif node.sentinel is not None:
             # Asking the Sentinels blocks: done before the hub's lock is taken.

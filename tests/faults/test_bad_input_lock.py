@@ -8,15 +8,19 @@ written by others untouched, and the lock still usable afterwards.
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
 from celery_redlock import Redlock, errors
+from celery_redlock._calls import NodeFailure, WrongReply
+from celery_redlock._resp import INCOMPLETE, parse
+from celery_redlock.redlock import RENEWED
 from celery_redlock.testing import RedisServer
 
 from ..support import with_node_timeout
@@ -587,3 +591,178 @@ def test_a_read_only_replica_counts_as_failed_with_a_clear_message(spare_servers
     assert_refused_by(raised.value, replicas, ReadOnlyError)
     assert lock_keys(masters, redlock, "k") == []
     redlock.close()
+
+
+# -- a node that answers nonsense ----------------------------------------------------------
+
+
+class NonsenseServer:
+    """A server that speaks RESP and answers every command with one canned reply.
+
+    What a proxy or a server that is not Redis may do: the lock must take
+    each such reply as that node's failure, like an error reply.
+    """
+
+    def __init__(self, reply: bytes) -> None:
+        self.reply = reply
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.commands = 0
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            self.sockets.append(sock)
+            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        buffer = bytearray()
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                buffer += chunk
+                answers = b""
+                while True:
+                    command, end = parse(buffer, 0)  # a command is a RESP array too
+                    if command is INCOMPLETE:
+                        break
+                    del buffer[:end]
+                    self.commands += 1
+                    answers += self.reply
+                sock.sendall(answers)
+
+    def close(self) -> None:
+        self.listener.close()
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+#: Replies of a shape no lock script or command may answer (but a count of
+#: slots freed, which any whole number may be).
+NONSENSE = [
+    pytest.param(b":7\r\n", id="integer"),
+    pytest.param(b":-7\r\n", id="negative"),
+    pytest.param(b"+OK\r\n", id="status"),
+    pytest.param(b"$5\r\nhello\r\n", id="text"),
+    pytest.param(b"$-1\r\n", id="null"),
+    pytest.param(b"*-1\r\n", id="null-array"),
+    pytest.param(b"*0\r\n", id="empty-array"),
+    pytest.param(b"*2\r\n:1\r\n:1\r\n", id="short-array"),
+    pytest.param(b"*3\r\n+a\r\n+b\r\n+c\r\n", id="wrong-elements"),
+    pytest.param(b"*4\r\n:1\r\n:1\r\n:1\r\n:1\r\n", id="grant-too-long"),
+    pytest.param(b"*1\r\n*1\r\n:1\r\n", id="nested"),
+]
+
+
+@pytest.fixture
+def nonsense() -> Iterator[Callable[[bytes], NonsenseServer]]:
+    made: list[NonsenseServer] = []
+
+    def make(reply: bytes) -> NonsenseServer:
+        server = NonsenseServer(reply)
+        made.append(server)
+        return server
+
+    yield make
+    for server in made:
+        server.close()
+
+
+def no_keys_left(nodes) -> None:
+    """Nothing but fencing buckets on ``nodes``, once the last parts have landed."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        left = [key for key in all_keys(nodes) if b"fence:" not in key]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert left == []
+
+
+def lock_ops(redlock: Redlock) -> None:
+    """acquire, extend, renew, inspect, fencing_value and release, on two good nodes of three."""
+    lock = redlock.lock("k", ttl=5.0)
+    assert lock.acquire(blocking=False)
+    lock.extend()
+    assert redlock.renew([lock]) == [RENEWED]
+    assert redlock.holder("k") == lock.value
+    assert isinstance(redlock.inspect("k")[2], NodeFailure)
+    assert redlock.fencing_value("k") >= lock.fencing_token
+    assert lock.release()
+
+
+def raised_token(redlock: Redlock, good) -> None:
+    """The second round (fence_raise.lua): the good nodes' bucket is ahead of any proposal."""
+    planted = (int(time.time()) + 3600) * 1_000_000
+    for node in good:
+        with node.client() as client:
+            client.set(redlock.keys("k").fence, str(planted))
+    lock = redlock.lock("k", ttl=5.0)
+    assert lock.acquire(blocking=False)
+    assert lock.fencing_token > planted
+    assert lock.release()
+
+
+def semaphore_ops(redlock: Redlock) -> None:
+    """A semaphore's acquire, extend, renew and release on two good nodes of three."""
+    sem = redlock.semaphore("s", limit=2, ttl=5.0)
+    assert sem.acquire(blocking=False)
+    sem.extend()
+    assert redlock.renew([sem]) == [RENEWED]
+    assert sem.release()
+
+
+def owner_ops(redlock: Redlock) -> None:
+    """release_owner and release_semaphore_owner on two good nodes of three."""
+    lock = redlock.lock("k", ttl=5.0, owner="task-1|host:1")
+    sem = redlock.semaphore("s", limit=2, ttl=5.0, owner="task-1|host:1")
+    assert lock.acquire(blocking=False)
+    assert sem.acquire(blocking=False)
+    assert redlock.release_owner("k", "task-1", "host:1") == 2
+    # A count of slots: any whole number from the odd node has the right shape.
+    assert redlock.release_semaphore_owner("s", "task-1", "host:1") >= 2
+
+
+@pytest.mark.parametrize("reply", NONSENSE)
+@pytest.mark.parametrize("ops", ["lock", "fence-raise", "semaphore", "owners"])
+def test_one_node_answering_nonsense_is_one_failed_node(nodes, make_redlock, nonsense, reply, ops):
+    good = nodes[:2]
+    odd = nonsense(reply)
+    redlock = make_redlock([*good, odd.url])
+    if ops == "fence-raise":
+        raised_token(redlock, good)
+    else:
+        {"lock": lock_ops, "semaphore": semaphore_ops, "owners": owner_ops}[ops](redlock)
+    no_keys_left(good)
+    # It was asked (its part may have been sent after the majority decided).
+    deadline = time.monotonic() + 5.0
+    while odd.commands == 0:
+        assert time.monotonic() < deadline, "the odd node was never asked"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("reply", NONSENSE)
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+def test_two_nodes_answering_nonsense_leave_no_quorum_and_nothing_behind(
+    nodes, make_redlock, nonsense, reply, kind
+):
+    good = nodes[0]
+    odd = [nonsense(reply), nonsense(reply)]
+    redlock = make_redlock([good, *(server.url for server in odd)])
+    held = (
+        redlock.lock("k", ttl=5.0) if kind == "lock" else redlock.semaphore("s", limit=2, ttl=5.0)
+    )
+    with pytest.raises(errors.QuorumUnavailable) as raised:
+        held.acquire(blocking=False)
+    assert raised.value.answered == 1
+    failures = list(raised.value.failures.values())
+    assert len(failures) == 2
+    assert all(isinstance(failure, WrongReply) for failure in failures), failures
+    # The good node granted; the failed attempt was undone there.
+    no_keys_left([good])
