@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 
 from . import _clock
+from ._calls import NodeFailure
 from ._wakeup import ReleaseListener, sleep
 from .errors import LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
 
@@ -129,10 +130,13 @@ class Lease:
     def _quorum_unavailable(self, outcome: Outcome) -> QuorumUnavailable:
         """The error for an attempt that fewer than a majority of nodes answered."""
         redlock = self.redlock
+        said = "; ".join(
+            str(error) if isinstance(error, NodeFailure) else f"{node}: {error}"  # named already
+            for node, error in outcome.failures.items()
+        )
         return QuorumUnavailable(
             f"{self.kind} {self.name!r}: only {outcome.answered} of {len(redlock.nodes)} Redis "
-            f"nodes answered, {redlock.quorum} needed; check the nodes "
-            f"({'; '.join(map(str, outcome.failures.values()))})",
+            f"nodes answered, {redlock.quorum} needed; check the nodes ({said})",
             key=self.name,
             answered=outcome.answered,
             needed=redlock.quorum,

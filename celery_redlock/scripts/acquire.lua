@@ -20,7 +20,8 @@
 -- whole number below 2^53.)
 -- When granted and proposal > fence, the bucket is set to the proposal.
 -- Arguments are checked before anything is written: a bad one is an error
--- reply and leaves the node as it was.
+-- reply and leaves the node as it was. So is a bucket (or a clock, for a
+-- missing bucket) at or past 2^53: no token could be larger.
 local MAX_MS = 31536000000
 local MAX_EXACT = 9007199254740992 -- 2^53: larger integers are not exact in Lua
 
@@ -38,7 +39,9 @@ local fence_ttl_ms = whole(ARGV[3], 1, MAX_MS)
 local replaces = ARGV[4] or ''
 local proposal_text = ARGV[5]
 local proposal = nil
-if proposal_text and string.match(proposal_text, '^[1-9]%d*$') and #proposal_text <= 16 then
+-- Compared as text too: tonumber rounds 2^53 + 1 down to 2^53.
+if proposal_text and string.match(proposal_text, '^[1-9]%d*$')
+        and (#proposal_text < 16 or (#proposal_text == 16 and proposal_text <= '9007199254740992')) then
     proposal = whole(proposal_text, 1, MAX_EXACT)
 end
 if not value or value == '' then
@@ -60,6 +63,14 @@ if stored then
     if not fence then
         return redis.error_reply('ERR acquire.lua: the fencing bucket does not hold a number')
     end
+end
+if fence >= MAX_EXACT then
+    -- No larger token can be issued: a planted or corrupted bucket, or a node
+    -- clock past the year 2255. Said as what it is, never as "busy".
+    return redis.error_reply('ERR acquire.lua: fencing bucket ' .. KEYS[2] .. ' is at '
+        .. string.format('%.0f', fence) .. (stored and '' or ' (this node\'s clock, in microseconds)')
+        .. ', at or past 2^53, the largest token there can be; delete it if it was planted, '
+        .. 'or fix this node\'s clock')
 end
 
 local taken = redis.call('SET', KEYS[1], value, 'NX', 'PX', ttl_ms)

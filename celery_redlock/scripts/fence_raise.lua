@@ -11,13 +11,16 @@
 -- Returns the bucket's value afterwards (>= floor), decimal digits. A missing
 -- bucket reads as this node's clock (TIME) in microseconds, and is written
 -- with the larger of that and the floor. Arguments are checked before
--- anything is written.
+-- anything is written. A bucket (or clock) at or past 2^53 is an error reply:
+-- no token could be larger.
 local MAX_MS = 31536000000
 local MAX_EXACT = 9007199254740992 -- 2^53
 
 local floor_text = ARGV[1]
 local floor = nil
-if floor_text and string.match(floor_text, '^[1-9]%d*$') and #floor_text <= 16 then
+-- Compared as text too: tonumber rounds 2^53 + 1 down to 2^53.
+if floor_text and string.match(floor_text, '^[1-9]%d*$')
+        and (#floor_text < 16 or (#floor_text == 16 and floor_text <= '9007199254740992')) then
     floor = tonumber(floor_text)
     if floor > MAX_EXACT then
         floor = nil
@@ -41,6 +44,12 @@ if stored then
 else
     local time = redis.call('TIME')
     current = tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+if current >= MAX_EXACT then
+    return redis.error_reply('ERR fence_raise.lua: fencing bucket ' .. KEYS[1] .. ' is at '
+        .. string.format('%.0f', current) .. (stored and '' or ' (this node\'s clock, in microseconds)')
+        .. ', at or past 2^53, the largest token there can be; delete it if it was planted, '
+        .. 'or fix this node\'s clock')
 end
 if current < floor then
     redis.call('SET', KEYS[1], floor_text, 'PX', fence_ttl_ms)

@@ -468,6 +468,35 @@ def test_wrongtype_fencing_counter_everywhere_is_a_clear_error_and_leaves_no_loc
             assert client.hgetall(fence) == {b"someone": b"else"}
 
 
+@pytest.mark.parametrize("planted", [str(2**53), str(2**53 + 1), "99999999999999999999"])
+def test_a_fencing_bucket_at_2_53_is_a_clear_error_not_busy(nodes, make_redlock, planted):
+    # No token can be larger: planted, or a node clock past the year 2255.
+    redlock = make_redlock(nodes)
+    fence = redlock.keys("k").fence
+    for node in nodes:
+        with node.client() as client:
+            client.set(fence, planted)
+    lock = redlock.lock("k", ttl=5.0)
+    for blocking in (False, True):
+        with pytest.raises(errors.QuorumUnavailable) as raised:
+            lock.acquire(blocking=blocking, timeout=None if not blocking else 2.0)
+        assert set(raised.value.failures) == {node.name for node in redlock.nodes}
+        assert all(isinstance(error, ResponseError) for error in raised.value.failures.values())
+        message = str(raised.value)
+        assert all(node.name in message for node in redlock.nodes), message
+        assert fence in message, message
+        assert "2^53" in message, message
+    assert lock_keys(nodes, redlock, "k") == []
+    # On one node only: the other two issue tokens, below 2^53.
+    with nodes[1].client() as client:
+        client.delete(fence)
+    with nodes[2].client() as client:
+        client.delete(fence)
+    assert lock.acquire(blocking=False)
+    assert lock.fencing_token < 2**53
+    assert lock.release()
+
+
 def test_noscript_after_script_flush_mid_hold_and_mid_run(nodes, make_redlock):
     redlock = make_redlock(nodes)
     lock = redlock.lock("k", ttl=5.0)
