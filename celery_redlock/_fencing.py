@@ -8,14 +8,18 @@ acquisition:
 
 1. The client proposes ``P = max(last token it issued + 1, its estimate of
    the largest node clock + lead)`` (:class:`FenceClock`). ``acquire.lua``
-   takes the lock, returns the bucket's value ``F`` and the node's time, and,
-   when it granted the lock and ``P > F``, records ``P``.
-2. If a majority granted and every node that answered (granting or not) had
-   ``F < P``, then ``P`` is recorded on a majority: it is the token. One round
-   trip.
-3. Otherwise ``P' = max(P, largest F + 1)`` is written to every node
-   (``fence_raise.lua``) and becomes the token once a majority holds a value
-   >= ``P'``. Two round trips.
+   takes the lock, returns the bucket's value ``F`` and the node's time
+   ``T``, and, when it granted the lock and ``F < P <= T + ahead``
+   (:func:`ahead_us`), records ``P``.
+2. If every node that answered (granting or not) had ``F < P``, and a
+   majority granted and recorded ``P``, it is the token. One round trip.
+3. Otherwise ``P' = max(min(P, largest T + ahead), largest F + 1)`` is
+   written to every node (``fence_raise.lua``) and becomes the token once a
+   majority holds a value >= ``P'``. Two round trips.
+
+So a token is never more than ``ahead`` past the largest node clock (plus one
+per second round), whatever the client's own clock does: the client's
+estimate only saves the second round trip.
 
 Why tokens for one name only increase: docs/reliability.md, *Fencing tokens*.
 """
@@ -24,11 +28,13 @@ from __future__ import annotations
 
 from . import _clock
 
-__all__ = ["MAX_TOKEN", "RATE_MARGIN", "FenceClock", "token_for"]
+__all__ = ["MAX_TOKEN", "RATE_MARGIN", "FenceClock", "ahead_us", "token_for"]
 
 #: The client's monotonic clock may run faster than a node's clock by up to
 #: this fraction (1000 ppm, more than any crystal or NTP slew); the estimate
-#: is lowered by it so that it never runs ahead of the nodes' clocks.
+#: is lowered by it so that a proposal stays within what the nodes record in
+#: one round trip. A clock that runs faster still costs a second round, never
+#: a token ahead of the nodes' clocks: they bound it (:func:`ahead_us`).
 RATE_MARGIN = 1e-3
 
 #: Largest integer a Lua number (a double) holds exactly.
@@ -76,13 +82,28 @@ class FenceClock:
             self._last = token
 
 
-def token_for(proposal: int, highest_fence: int) -> tuple[int, bool]:
+def ahead_us(lead_us: int) -> int:
+    """How far past a node's clock a proposal made with ``lead_us`` may be recorded.
+
+    Twice the lead: an honest client's proposal fits on a node whose clock
+    lags the largest by up to the lead (a node timeout, 50 ms by default).
+    """
+    return 2 * lead_us
+
+
+def token_for(
+    proposal: int, highest_fence: int, recorded: int, quorum: int, ceiling: int
+) -> tuple[int, bool]:
     """The token an acquisition may hand out, and whether it needs no second round.
 
     ``highest_fence`` is the largest bucket value among every node that
     answered, granting or not: a value equal to the proposal means it may
-    already have been issued, so only a proposal above it stands as it is.
+    already have been issued, so only a proposal above it stands as it is,
+    and only if ``recorded`` (the granting nodes that recorded it) reaches
+    the ``quorum``. Otherwise the token is raised past ``highest_fence``, but
+    the proposal counts only up to ``ceiling``: the largest node clock
+    reported plus :func:`ahead_us`.
     """
-    if highest_fence < proposal:
+    if highest_fence < proposal and recorded >= quorum:
         return proposal, True
-    return highest_fence + 1, False
+    return max(min(proposal, ceiling), highest_fence + 1), False

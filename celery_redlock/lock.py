@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from . import _clock
 from ._arguments import MAX_TTL, seconds, text
-from ._fencing import token_for
+from ._fencing import ahead_us, token_for
 from ._layout import LockValue
 from ._lease import Lease
 from ._nodes import Call, fan_out
@@ -250,11 +250,13 @@ class Lock(Lease):
         redlock = self.redlock
         nodes = redlock.nodes
         value = LockValue.compose(secrets.token_hex(16), self.owner)
-        proposal = redlock._fence_clock.propose(int(redlock.node_timeout * 1e6))
+        lead = int(redlock.node_timeout * 1e6)
+        ahead = ahead_us(lead)
+        proposal = redlock._fence_clock.propose(lead)
         call = Call(
             _ACQUIRE,
             (self.key, self._fence_key),
-            (value, ms(self.ttl), ms(redlock.fence_ttl), self.replaces, str(proposal)),
+            (value, ms(self.ttl), ms(redlock.fence_ttl), self.replaces, f"{proposal} {ahead}"),
         )
         started = _clock.monotonic()
         decided = acquire_decided(redlock.quorum, len(nodes))
@@ -266,6 +268,7 @@ class Lock(Lease):
         silent: set[int] = set()
         highest_fence = 0  # over every node that answered, granting or not
         latest_time = 0
+        recorded = 0  # granting nodes that recorded the proposal
         pttls: list[int] = []
         for index, result in enumerate(results):
             answer = reply(result)
@@ -280,6 +283,7 @@ class Lock(Lease):
                 latest_time = answer[2]
             if answer[0]:
                 granted.add(index)
+                recorded += answer[1] < proposal <= answer[2] + ahead
             elif answer[3] >= 0:
                 # 0 means "expires within the millisecond": retry at once.
                 pttls.append(max(answer[3], 1))
@@ -288,7 +292,9 @@ class Lock(Lease):
         outcome.granted = len(granted)
 
         if len(granted) >= redlock.quorum:
-            token, settled = token_for(proposal, highest_fence)
+            token, settled = token_for(
+                proposal, highest_fence, recorded, redlock.quorum, latest_time + ahead
+            )
             if not settled and not self._record_token(token, outcome):
                 token = 0
             remaining = _clock.validity(self.ttl, started, _clock.monotonic(), redlock.drift_factor)

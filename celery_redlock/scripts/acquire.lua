@@ -8,7 +8,13 @@
 -- ARGV[4]  replaces: optional; a held value ending with this text is taken
 --          over as if the key were free (a worker taking over the singleton
 --          lock its publisher wrote, "|<task id>|queued"); "" for none
--- ARGV[5]  proposal: the fencing token the client proposes, decimal digits, 1 to 2^53
+-- ARGV[5]  "<proposal> <ahead_us>": the fencing token the client proposes,
+--          decimal digits, 1 to 2^53, and how far past this node's clock
+--          (microseconds, 0 to 3600000000) it may be recorded, so that a client
+--          whose clock runs fast cannot put tokens ahead of the nodes' clocks.
+--          One argument: a connection that has not logged in yet may send at
+--          most 10 words per command (Redis refuses more), and an EVALSHA
+--          with 2 keys and 5 arguments is 10.
 --
 -- Returns {1, fence, now_us} when the lock was set, {0, fence, now_us, pttl_ms}
 -- when another owner holds the key; integers:
@@ -18,7 +24,8 @@
 --   pttl_ms  the holder's remaining time to live (-1: none).
 -- (A Lua number becomes an integer reply exactly: every value here is a
 -- whole number below 2^53.)
--- When granted and proposal > fence, the bucket is set to the proposal.
+-- When granted and fence < proposal <= now_us + ahead_us, the bucket is set to
+-- the proposal.
 -- Arguments are checked before anything is written: a bad one is an error
 -- reply and leaves the node as it was. So is a bucket (or a clock, for a
 -- missing bucket) at or past 2^53: no token could be larger.
@@ -37,10 +44,11 @@ local value = ARGV[1]
 local ttl_ms = whole(ARGV[2], 1, MAX_MS)
 local fence_ttl_ms = whole(ARGV[3], 1, MAX_MS)
 local replaces = ARGV[4] or ''
-local proposal_text = ARGV[5]
+local proposal_text, ahead_text = string.match(ARGV[5] or '', '^([1-9]%d*) (%d+)$')
+local ahead_us = whole(ahead_text, 0, 3600000000)
 local proposal = nil
 -- Compared as text too: tonumber rounds 2^53 + 1 down to 2^53.
-if proposal_text and string.match(proposal_text, '^[1-9]%d*$')
+if proposal_text
         and (#proposal_text < 16 or (#proposal_text == 16 and proposal_text <= '9007199254740992')) then
     proposal = whole(proposal_text, 1, MAX_EXACT)
 end
@@ -50,8 +58,8 @@ end
 if not ttl_ms or not fence_ttl_ms then
     return redis.error_reply('ERR acquire.lua: ttl_ms and fence_ttl_ms must be whole milliseconds from 1 to 31536000000')
 end
-if not proposal then
-    return redis.error_reply('ERR acquire.lua: proposal must be decimal digits from 1 to 2^53')
+if not proposal or not ahead_us then
+    return redis.error_reply('ERR acquire.lua: expected "<proposal> <ahead_us>", a proposal from 1 to 2^53 and ahead_us from 0 to 3600000000')
 end
 
 local time = redis.call('TIME')
@@ -81,7 +89,7 @@ if not taken and replaces ~= '' and redis.call('TYPE', KEYS[1])['ok'] == 'string
     end
 end
 if taken then
-    if proposal > fence then
+    if proposal > fence and proposal <= now_us + ahead_us then
         redis.call('SET', KEYS[2], proposal_text, 'PX', fence_ttl_ms)
     end
     return {1, fence, now_us}

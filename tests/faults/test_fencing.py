@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_redlock import Redlock
+from celery_redlock import Redlock, _clock
+from celery_redlock._fencing import ahead_us
 from celery_redlock.testing import RedisServer
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
@@ -166,3 +167,36 @@ def test_names_sharing_a_bucket_each_keep_increasing(servers, make_redlock):
         token = take(redlock, name)
         assert token > last[name]
         last[name] = token
+
+
+def node_time_us(server: RedisServer) -> int:
+    with server.client() as client:
+        seconds, micros = client.time()
+    return seconds * 1_000_000 + micros
+
+
+def test_a_client_clock_running_fast_never_puts_tokens_ahead_of_the_nodes(
+    servers, make_redlock, monkeypatch
+):
+    # Node clocks agree; one client's monotonic clock jumps 600 s ahead. Its
+    # proposal is then 600 s past the nodes' clocks: recorded as it is, a
+    # node restarted empty after the delay would read a smaller clock.
+    a, b, c = list(servers)[:3]
+    fast = make_redlock([a, b, c], node_timeout=NODE_TIMEOUT)
+    tokens = [take(fast)]  # it has seen the nodes' clocks
+    real = _clock.monotonic
+    monkeypatch.setattr(_clock, "monotonic", lambda: real() + 600.0)
+    busy(c, fast)  # granted by a and b only: c keeps the older bucket
+    tokens.append(take(fast))
+    monkeypatch.setattr(_clock, "monotonic", real)
+    free(c, fast)
+    # The bound docs/reliability.md states: at most ahead_us past the largest
+    # node clock when it was issued (read here, after).
+    latest = max(node_time_us(node) for node in (a, b, c))
+    assert tokens[-1] <= latest + ahead_us(int(NODE_TIMEOUT * 1e6)), (tokens, latest)
+    # a restarts empty after the delay, b is down: an honest client's token
+    # comes from a's clock and c's bucket alone.
+    restart_empty(a)
+    b.kill()
+    honest = make_redlock([a, b, c], node_timeout=NODE_TIMEOUT)
+    assert take(honest) > max(tokens), tokens

@@ -7,7 +7,7 @@ import zlib
 import pytest
 
 from celery_redlock import _clock
-from celery_redlock._fencing import MAX_TOKEN, RATE_MARGIN, FenceClock, token_for
+from celery_redlock._fencing import MAX_TOKEN, RATE_MARGIN, FenceClock, ahead_us, token_for
 from celery_redlock._layout import FENCE_BUCKETS, fence_bucket, lock_keys
 from celery_redlock._outcomes import Tally
 
@@ -66,17 +66,29 @@ def test_proposals_stay_exact_for_lua(clock):
 
 
 @pytest.mark.parametrize(
-    ("proposal", "highest", "expected"),
+    ("proposal", "highest", "recorded", "expected"),
     [
-        pytest.param(100, 99, (100, True), id="all-below"),
-        pytest.param(100, 0, (100, True), id="none"),
+        pytest.param(100, 99, 2, (100, True), id="all-below"),
+        pytest.param(100, 0, 3, (100, True), id="none"),
         # A bucket equal to the proposal means it may have been issued already.
-        pytest.param(100, 100, (101, False), id="equal-is-not-agreement"),
-        pytest.param(100, 250, (251, False), id="above"),
+        pytest.param(100, 100, 0, (101, False), id="equal-is-not-agreement"),
+        pytest.param(100, 250, 0, (251, False), id="above"),
+        # Granted, but recorded by a minority only (a lagging node refused it).
+        pytest.param(100, 99, 1, (100, False), id="recorded-by-a-minority"),
     ],
 )
-def test_a_token_stands_only_above_every_bucket_seen(proposal, highest, expected):
-    assert token_for(proposal, highest) == expected
+def test_a_token_stands_only_above_every_bucket_seen(proposal, highest, recorded, expected):
+    assert token_for(proposal, highest, recorded, 2, ceiling=10_000) == expected
+
+
+def test_a_proposal_past_the_node_clocks_counts_only_up_to_them():
+    # A client whose clock ran 600 s fast: the nodes did not record its
+    # proposal, and the token is the nodes' clock plus the allowance.
+    ceiling = 1_700_000_000_000_000 + ahead_us(50_000)
+    proposal = 1_700_000_600_000_000
+    assert token_for(proposal, 1_699_999_999_000_000, 0, 2, ceiling) == (ceiling, False)
+    # A bucket already past the ceiling still wins.
+    assert token_for(proposal, ceiling + 5, 0, 2, ceiling) == (ceiling + 6, False)
 
 
 def test_buckets_are_a_stable_hash_of_the_name_bounded_per_prefix():
