@@ -41,10 +41,10 @@ from _common import environment, micros, millis, parser, percentile, progress, r
 from redis.connection import Connection
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from celery_redlock._calls import Call, NodeFailure
-from celery_redlock._fanout import fan_out
-from celery_redlock._nodes import make_nodes
 from celery_redlock._scripts import load
+from celery_redlock.transport.commands import Call, NodeFailure
+from celery_redlock.transport.fanout import fan_out
+from celery_redlock.transport.nodes import make_nodes
 
 ACQUIRE, RELEASE = load("acquire"), load("release")
 TIMEOUT = 0.05
@@ -271,9 +271,9 @@ STALL_SCRIPT = r"""
 from gevent import monkey
 monkey.patch_all()
 import json, sys, time, gevent
-from celery_redlock._calls import Command
-from celery_redlock._fanout import fan_out
-from celery_redlock._nodes import make_nodes
+from celery_redlock.transport.commands import Command
+from celery_redlock.transport.fanout import fan_out
+from celery_redlock.transport.nodes import make_nodes
 
 urls, sizes = sys.argv[1].split(","), [int(n) for n in sys.argv[2].split(",")]
 nodes = make_nodes(urls, 0.05)

@@ -15,9 +15,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 
 from . import _clock
-from ._calls import NodeFailure
 from ._wakeup import ReleaseListener, sleep
 from .errors import LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
+from .transport.commands import NodeFailure
 
 if TYPE_CHECKING:
     from .redlock import Redlock

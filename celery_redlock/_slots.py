@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 
 from . import _clock
 from ._layout import LockValue, SemaphoreKeys
-from ._nodes import Call, NodeResult, fan_out
 from ._outcomes import Decided, Tally, failed, majority_held, reply
 from ._scripts import load
 from .errors import ConfigurationError
 from .lock import ms
+from .transport.nodes import Call, NodeResult, fan_out
 
 if TYPE_CHECKING:
     from .redlock import Redlock

@@ -11,7 +11,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from . import _clock
-from ._nodes import Node
+from .transport.nodes import Node
 
 __all__ = ["ReleaseListener", "sleep"]
 

@@ -56,14 +56,14 @@ import redis
 from . import _validation as check
 from . import options as task_options
 from ._debounce_store import DebounceStore
-from ._endpoint import SCHEMES
 from ._layout import KEY_PREFIX, rate_prefix
-from ._sentinel import SENTINEL_SCHEME
 from ._spelling import closest, resembles
 from .errors import ConfigurationError
 from .policies import TaskPolicy
 from .ratelimit import RateLimiter
 from .redlock import Redlock
+from .transport.endpoint import SCHEMES
+from .transport.sentinel import SENTINEL_SCHEME
 
 __all__ = [
     "DEFAULT_NODE",

@@ -63,13 +63,13 @@ from celery.exceptions import Ignore
 
 from . import signals
 from ._layout import done_key, ended_key
-from ._nodes import Command, fan_out
 from ._outcomes import failed, reply
 from .config import redlock_for
 from .errors import DuplicateTask
 from .policies import TaskPolicy
 from .redlock import Redlock
 from .singleton import seconds_held, task_id_of
+from .transport.nodes import Command, fan_out
 
 __all__ = [
     "DONE_TTL_FACTOR",

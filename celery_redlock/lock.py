@@ -35,7 +35,6 @@ from ._arguments import MAX_TTL, seconds, text
 from ._fencing import ahead_us, token_for
 from ._layout import LockValue
 from ._lease import Lease
-from ._nodes import Call, fan_out
 from ._outcomes import Tally, acquire_decided, failed, majority_at_least, majority_held, reply
 from ._scripts import load
 from .errors import (
@@ -46,6 +45,7 @@ from .errors import (
     RedlockError,
 )
 from .heartbeat import heartbeat
+from .transport.nodes import Call, fan_out
 
 if TYPE_CHECKING:
     from .heartbeat import HeldLock

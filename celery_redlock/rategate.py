@@ -44,11 +44,11 @@ from celery.result import EagerResult
 from celery.utils import uuid
 
 from . import signals
-from ._summary import short_error
 from .config import limiter_for
 from .errors import RateLimited, RateLimiterUnavailable
 from .policies import RatePolicy
 from .ratelimit import Limit, RateLimitDecision
+from .transport.failure_text import short_error
 
 __all__ = ["LIMITER_DOWN_RETRY", "PUBLISH_BUDGET", "RateGate", "Requeue"]
 

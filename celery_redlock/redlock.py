@@ -42,7 +42,6 @@ from ._arguments import (
 )
 from ._fencing import FenceClock
 from ._layout import KEY_PREFIX, LockKeys, LockValue, lock_keys, semaphore_keys
-from ._nodes import Call, Command, Node, NodeFailure, fan_out, make_nodes
 from ._outcomes import BUSY, LOST, RENEWED, UNREACHABLE, Tally, failed, reply
 from ._scripts import LuaScript, load
 from ._slots import RELEASE as _SEM_RELEASE
@@ -52,6 +51,7 @@ from ._slots import renew_call
 from .errors import ConfigurationError
 from .lock import Lock, ms
 from .semaphore import Semaphore
+from .transport.nodes import Call, Command, Node, NodeFailure, fan_out, make_nodes
 
 __all__ = ["BUSY", "LOST", "RENEWED", "UNREACHABLE", "Lock", "Redlock", "Semaphore"]
 

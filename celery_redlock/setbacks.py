@@ -22,12 +22,12 @@ from celery.exceptions import Ignore
 from celery.utils.dispatch import Signal
 
 from . import signals
-from ._summary import short_error
 from .config import redlock_for
 from .copies import finished, held_at_most
 from .errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
 from .policies import ConcurrencyPolicy, LockPolicy, TaskPolicy
 from .redlock import Lock
+from .transport.failure_text import short_error
 
 __all__ = [
     "BUSY_BACKOFF_MAX",

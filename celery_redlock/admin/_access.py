@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import redis
 
-from .._nodes import make_nodes
 from ..redlock import Redlock
+from ..transport.nodes import make_nodes
 
 __all__ = ["NodeClient", "OpenNode", "lock_nodes", "open_node"]
 

@@ -12,8 +12,8 @@ import time
 from redis.exceptions import RedisError
 
 from .. import _clock
-from .._nodes import Command, NodeFailure, fan_out
 from ..redlock import Redlock
+from ..transport.nodes import Command, NodeFailure, fan_out
 from ._access import NodeClient
 
 __all__ = ["NodeHealth", "persistence", "ping", "probe"]

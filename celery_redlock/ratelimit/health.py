@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import _clock
-from .._nodes import Node
+from ..transport.nodes import Node
 
 __all__ = ["NodeStatus", "Routes", "logger"]
 

@@ -324,7 +324,7 @@ def late_part_on_paused_tls_node(nodes, tls_server, name: str) -> tuple[Redlock,
 
 
 def test_a_failing_flusher_is_logged_and_replaced(nodes, tls_server, monkeypatch, caplog):
-    from celery_redlock import _fanout
+    from celery_redlock.transport import fanout as _fanout
 
     real_lead = _fanout._Hub.lead
     failures = []

@@ -14,7 +14,8 @@ import sys  # noqa: E402
 
 import gevent  # noqa: E402
 
-from celery_redlock import Redlock, _fanout  # noqa: E402
+from celery_redlock import Redlock  # noqa: E402
+from celery_redlock.transport import fanout as _fanout  # noqa: E402
 
 
 def main() -> None:

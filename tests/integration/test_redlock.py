@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from celery_redlock import Redlock, errors
-from celery_redlock._nodes import NodeFailure
 from celery_redlock.testing import RedisServer
+from celery_redlock.transport.nodes import NodeFailure
 from tests.support import all_topologies, landed_everywhere, script_runs, with_node_timeout
 
 pytestmark = pytest.mark.integration

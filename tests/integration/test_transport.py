@@ -22,10 +22,10 @@ import pytest
 import redis
 
 from celery_redlock import RateLimiter, Redlock, errors
-from celery_redlock._calls import Call
-from celery_redlock._nodes import Command, NodeFailure, NotWaitedFor, fan_out, make_nodes
 from celery_redlock.lock import _EXTEND, _RELEASE
 from celery_redlock.testing import RedisServer, ServerGroup, free_port
+from celery_redlock.transport.commands import Call
+from celery_redlock.transport.nodes import Command, NodeFailure, NotWaitedFor, fan_out, make_nodes
 from tests.support import connections, script_runs, self_signed_certificate
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from celery_redlock import _fanout
-from celery_redlock._nodes import Command, fan_out, make_nodes
+from celery_redlock.transport import fanout as _fanout
+from celery_redlock.transport.nodes import Command, fan_out, make_nodes
 from tests.support import client_addresses
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

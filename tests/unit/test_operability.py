@@ -12,11 +12,11 @@ import pytest
 from celery import Celery
 
 from celery_redlock import config
-from celery_redlock._calls import NodeFailure
-from celery_redlock._summary import reason, short_error, summary
 from celery_redlock.config import KNOWN_SETTINGS, Settings, node_fallback, unknown_settings
 from celery_redlock.errors import QuorumUnavailable, RateLimiterUnavailable
 from celery_redlock.startup import notices
+from celery_redlock.transport.commands import NodeFailure
+from celery_redlock.transport.failure_text import reason, short_error, summary
 
 NODE = "redis://127.0.0.1:1/0"
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from celery_redlock._resp import INCOMPLETE, ErrorReply, ProtocolError, pack, parse
+from celery_redlock.transport.resp import INCOMPLETE, ErrorReply, ProtocolError, pack, parse
 
 
 def test_pack_encodes_text_bytes_and_integers() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from ._calls import Call, Command, NodeFailure, NodeResult
+from .commands import Call, Command, NodeFailure, NodeResult
 
 __all__ = ["run_direct"]
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from ._resp import pack
-from ._scripts import LuaScript
+from .._scripts import LuaScript
+from .resp import pack
 
 __all__ = ["Call", "Command", "NodeFailure", "NodeResult", "NotWaitedFor", "WrongReply", "checked"]
 

@@ -12,7 +12,7 @@ dropped, so a late reply can never be read as the answer to a later
 command.
 
 Nothing here blocks and nothing here locks: every method runs with the
-fan-out's lock held (see :mod:`._fanout`), which also decides when a socket
+fan-out's lock held (see :mod:`.fanout`), which also decides when a socket
 is ready.
 """
 
@@ -41,8 +41,8 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ._endpoint import Endpoint
-from ._resp import INCOMPLETE, ErrorReply, ProtocolError, pack, parse
+from .endpoint import Endpoint
+from .resp import INCOMPLETE, ErrorReply, ProtocolError, pack, parse
 
 __all__ = ["POLLIN", "POLLOUT", "Link", "Slot", "error_reply"]
 

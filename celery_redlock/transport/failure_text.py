@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from .errors import QuorumUnavailable, RateLimiterUnavailable
+from ..errors import QuorumUnavailable, RateLimiterUnavailable
 
 __all__ = ["reason", "short_error", "summary"]
 

@@ -2,10 +2,10 @@
 
 A :class:`Node` is one independent Redis master. Nodes given as URLs, and
 ``redis.Redis`` clients with plain TCP, TLS or unix-socket connections, are
-reached through links the fan-out owns end to end (:mod:`._link`,
-:mod:`._fanout`): no private part of redis-py is used. Any other client
+reached through links the fan-out owns end to end (:mod:`.connection`,
+:mod:`.fanout`): no private part of redis-py is used. Any other client
 object (``fakeredis.FakeRedis``) is reached through its own command methods
-(:mod:`._direct`). A ``sentinel://`` node is one master that Redis Sentinel
+(:mod:`.redis_py_client`). A ``sentinel://`` node is one master that Redis Sentinel
 manages: before a fan-out uses it, :meth:`Node.locate` asks the Sentinels
 where it runs when the node has no working connection or last answered
 ``READONLY`` (a demoted master), and moves its links there.
@@ -25,14 +25,14 @@ import redis
 from redis.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import RedisError
 
-from . import _fanout
-from ._calls import Call, Command, NodeFailure, NodeResult, NotWaitedFor
-from ._direct import run_direct
-from ._endpoint import Endpoint, bad, prepare_tls
-from ._fanout import fan_out
-from ._link import Link
-from ._sentinel import SENTINEL_SCHEME, MasterFinder, SentinelMaster
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
+from . import fanout as _fanout
+from .commands import Call, Command, NodeFailure, NodeResult, NotWaitedFor
+from .connection import Link
+from .endpoint import Endpoint, bad, prepare_tls
+from .fanout import fan_out
+from .redis_py_client import run_direct
+from .sentinel import SENTINEL_SCHEME, MasterFinder, SentinelMaster
 
 __all__ = [
     "Call",
@@ -261,7 +261,7 @@ def make_nodes(nodes: Sequence[str | redis.Redis], timeout: float) -> list[Node]
     """Turn URLs and clients into :class:`Node` objects, validating each.
 
     TLS contexts are built here, one per distinct TLS settings (see
-    :func:`~._endpoint.prepare_tls`).
+    :func:`~.endpoint.prepare_tls`).
 
     Raises:
         ConfigurationError: a URL is malformed or has an option the lock

@@ -1,7 +1,7 @@
 """The fan-out: every node asked at once, one deadline, no thread of its own.
 
 :func:`fan_out` queues each node's commands on that node's shared
-:class:`~._link.Link` and waits for the replies. All the links of the
+:class:`~.connection.Link` and waits for the replies. All the links of the
 process are read by one caller at a time, the *leader*: whichever caller is
 waiting first polls every link with one ``poll`` call (``select`` under
 eventlet, which removes ``poll``), parses what comes in
@@ -69,11 +69,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._calls import Call, Command, NodeFailure, NodeResult, NotWaitedFor, checked
-from ._link import POLLIN, POLLOUT, Link, LinkBroken, Slot
+from .commands import Call, Command, NodeFailure, NodeResult, NotWaitedFor, checked
+from .connection import POLLIN, POLLOUT, Link, LinkBroken, Slot
 
 if TYPE_CHECKING:
-    from ._nodes import Node
+    from .nodes import Node
 
 __all__ = ["BULK_CALLS", "PER_CALL_ALLOWANCE", "Enough", "fan_out", "hub"]
 
@@ -663,8 +663,8 @@ def fan_out(
     (``SCRIPT FLUSH``) is sent again with EVAL, with the same allowance. A
     ``ResponseError`` (``WRONGTYPE``,
     ``OOM``, ``READONLY``…) is returned in place of that call's reply, and
-    so is a :class:`~._calls.WrongReply` for a reply of the wrong shape
-    (:func:`~._calls.checked`), before ``enough`` or the caller sees it.
+    so is a :class:`~.commands.WrongReply` for a reply of the wrong shape
+    (:func:`~.commands.checked`), before ``enough`` or the caller sees it.
 
     Args:
         nodes: the nodes to ask.

@@ -1,7 +1,7 @@
 """The Redis protocol (RESP2), as much of it as the fan-out speaks.
 
 Commands are packed here and replies parsed here: the links of
-:mod:`._link` write every node's commands and parse each reply as its bytes
+:mod:`.connection` write every node's commands and parse each reply as its bytes
 arrive, for many callers at once on one connection. The links never ask for
 RESP3 (no ``HELLO``), so RESP2 is all a server sends them.
 

@@ -5,7 +5,7 @@ is one Redlock node: the master Sentinel names. That is kombu's syntax for a
 Sentinel-managed broker (there the master name is the ``master_name``
 transport option; here it is a query option of the URL, as each node names
 its own master); :class:`SentinelMaster` reads it, with the query-option rules
-of :mod:`._endpoint`. :class:`MasterFinder` asks the Sentinels with redis-py's
+of :mod:`.endpoint`. :class:`MasterFinder` asks the Sentinels with redis-py's
 public :class:`redis.sentinel.Sentinel` (each Sentinel in turn, a reply that
 calls the master down or not a master ignored), every connection bounded by
 the lock's node timeout and never retried, and gives redis-py clients that
@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from ._endpoint import Endpoint, bad, check_options, integer, query_options, redact
+from .endpoint import Endpoint, bad, check_options, integer, query_options, redact
 
 __all__ = ["SENTINEL_SCHEME", "MasterFinder", "SentinelMaster"]
 

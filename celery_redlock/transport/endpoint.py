@@ -1,10 +1,10 @@
 """Where a node is and how to log in: parsed from a URL or a redis-py client.
 
-An :class:`Endpoint` holds everything the links of :mod:`._link` need to open
+An :class:`Endpoint` holds everything the links of :mod:`.connection` need to open
 a connection themselves (address, TLS settings, credentials, database) and
-what :func:`~._nodes.make_nodes` needs to tell two spellings of one server
+what :func:`~.nodes.make_nodes` needs to tell two spellings of one server
 apart. A ``sentinel://`` URL names a master through its Sentinels instead: it
-is read by :class:`~._sentinel.SentinelMaster`, with the query-option rules
+is read by :class:`~.sentinel.SentinelMaster`, with the query-option rules
 and the redaction of passwords kept here.
 
 URL query options are checked here, one rule per option:
@@ -33,7 +33,7 @@ from redis.backoff import NoBackoff
 from redis.connection import ConnectionPool, SSLConnection, UnixDomainSocketConnection
 from redis.retry import Retry
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 __all__ = [
     "SCHEMES",
