@@ -29,7 +29,7 @@ from gevent.pool import Pool  # noqa: E402
 
 from celery_redlock import Redlock  # noqa: E402
 from celery_redlock.errors import QuorumUnavailable  # noqa: E402
-from celery_redlock.heartbeat import Heartbeat, heartbeat  # noqa: E402
+from celery_redlock.lock.renewal import Heartbeat, heartbeat  # noqa: E402
 
 TICK = 0.001
 

@@ -54,8 +54,8 @@ from celery.app.trace import task_has_custom
 
 from celery_redlock import LockedTask, RateLimiter, Redlock, config, signals
 from celery_redlock._layout import LockValue
-from celery_redlock.heartbeat import heartbeat
-from celery_redlock.lock import Lock
+from celery_redlock.lock.lock import Lock
+from celery_redlock.lock.renewal import heartbeat
 from celery_redlock.run import TaskRun
 
 TTL = 60.0

@@ -64,10 +64,10 @@ from _common import (
 )
 from pottery import Redlock as PotteryRedlock
 
-import celery_redlock.redlock as redlock_module
+import celery_redlock.lock.redlock as redlock_module
 from celery_redlock import Redlock
-from celery_redlock.heartbeat import Heartbeat
-from celery_redlock.redlock import RENEWED
+from celery_redlock.lock.redlock import RENEWED
+from celery_redlock.lock.renewal import Heartbeat
 
 TTL = 30.0  # seconds: never expires during a measurement
 COMPARE_AND_DELETE = """

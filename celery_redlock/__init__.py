@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from . import errors, signals
     from .hooks import setup
+    from .lock.redlock import Lock, Redlock
+    from .lock.semaphore import Semaphore
     from .ratelimit import RateLimitDecision, RateLimiter
-    from .redlock import Lock, Redlock
-    from .semaphore import Semaphore
     from .task import LockedTask
 
 __version__ = "0.1.0.dev0"
@@ -46,12 +46,12 @@ __all__ = [
 
 #: The module each public name comes from (a module name alone: the module itself).
 _HOMES = {
-    "Lock": ".redlock",
+    "Lock": ".lock.redlock",
     "LockedTask": ".task",
     "RateLimitDecision": ".ratelimit",
     "RateLimiter": ".ratelimit",
-    "Redlock": ".redlock",
-    "Semaphore": ".semaphore",
+    "Redlock": ".lock.redlock",
+    "Semaphore": ".lock.semaphore",
     "errors": ".errors",
     "setup": ".hooks",
     "signals": ".signals",

@@ -28,7 +28,7 @@ cite it in their headers. Keys, for a ``key_prefix`` of ``"redlock:"``::
 
 Fencing state takes at most :data:`FENCE_BUCKETS` keys per node, however many
 names were ever locked; a bucket holds an integer (microseconds, see
-``celery_redlock/_fencing.py``). A lock key and its bucket are in different
+``celery_redlock/lock/fencing.py``). A lock key and its bucket are in different
 Redis Cluster slots: lock nodes are standalone Redis servers.
 
 A lock value is ``token``, or ``token|task_id|where`` for a lock taken for a

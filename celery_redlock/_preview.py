@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._layout import PREVIEW_CHARS, ArgsPreview
-from .redlock import Redlock
+from .lock.redlock import Redlock
 from .transport.nodes import Command, fan_out
 
 __all__ = ["call_text", "drop", "store"]

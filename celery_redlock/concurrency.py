@@ -5,7 +5,7 @@ lets at most 3 runs per key inside their body at once, across every worker.
 :class:`SlotGate` takes the slot for a :class:`~celery_redlock.run.TaskRun`,
 after its locks and before the rate limit counts it:
 
-- the slot is a :class:`~celery_redlock.semaphore.Semaphore` slot owned by
+- the slot is a :class:`~celery_redlock.lock.semaphore.Semaphore` slot owned by
   ``task_id|host:pid`` (as a lock is), renewed by the process heartbeat with
   the run's locks and released with them on every way out; the worker's
   main process frees it by that owner when the pool process dies
@@ -25,7 +25,7 @@ from . import _clock, signals
 from ._layout import LockValue
 from .config import redlock_for
 from .errors import QuorumUnavailable
-from .heartbeat import HeldLock, heartbeat
+from .lock.renewal import HeldLock, heartbeat
 from .policies import ConcurrencyPolicy
 from .setbacks import Taken
 

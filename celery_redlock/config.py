@@ -59,9 +59,9 @@ from ._debounce_store import DebounceStore
 from ._layout import KEY_PREFIX, rate_prefix
 from ._spelling import closest, resembles
 from .errors import ConfigurationError
+from .lock.redlock import Redlock
 from .policies import TaskPolicy
 from .ratelimit import RateLimiter
-from .redlock import Redlock
 from .transport.endpoint import SCHEMES
 from .transport.sentinel import SENTINEL_SCHEME
 

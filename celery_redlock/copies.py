@@ -63,11 +63,11 @@ from celery.exceptions import Ignore
 
 from . import signals
 from ._layout import done_key, ended_key
-from ._outcomes import failed, reply
 from .config import redlock_for
 from .errors import DuplicateTask
+from .lock.quorum import failed, reply
+from .lock.redlock import Redlock
 from .policies import TaskPolicy
-from .redlock import Redlock
 from .singleton import seconds_held, task_id_of
 from .transport.nodes import Command, fan_out
 

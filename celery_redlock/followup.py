@@ -46,7 +46,7 @@ from ._layout import QUEUED, LockValue
 from ._preview import drop as drop_preview
 from .config import redlock_for
 from .errors import LockNotAcquired, QuorumUnavailable
-from .heartbeat import HeldLock
+from .lock.renewal import HeldLock
 from .singleton import queued_marker, queued_name, task_id_of
 
 if TYPE_CHECKING:

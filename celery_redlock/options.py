@@ -42,10 +42,10 @@ from functools import partial
 from typing import Any, get_args
 
 from . import _validation as check
-from ._arguments import MAX_TTL
 from ._peers import PEER_OPTIONS
 from ._peers import hint as peer_hint
 from ._spelling import LONG_NAME, closest, normal, resembles
+from ._validators import MAX_TTL
 from .errors import ConfigurationError
 from .ratelimit import Algorithm
 

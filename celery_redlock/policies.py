@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import options as task_options
-from ._arguments import MAX_TTL
 from ._layout import period_key
 from ._rates import DynamicRate, Rate
 from ._templates import ArgumentPlan, KeyTemplate
 from ._validation import Cost, RateEntry
+from ._validators import MAX_TTL
 from .errors import ConfigurationError
 from .ratelimit import Algorithm, Limit
 from .ratelimit.algorithms import check_rate_for

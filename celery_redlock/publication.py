@@ -40,9 +40,9 @@ from ._preview import store as store_preview
 from ._templates import as_delivered
 from .config import redlock_for
 from .errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
+from .lock.redlock import Lock
 from .policies import SingletonPolicy, TaskPolicy
 from .rategate import RateGate
-from .redlock import Lock
 from .singleton import beat_interval_name, beat_tick_name, seconds_held, task_id_of
 
 __all__ = ["Publication", "watch_beat"]

@@ -58,10 +58,10 @@ from .copies import (
     stand_in,
 )
 from .errors import QuorumUnavailable
-from .heartbeat import HeldLock, heartbeat
+from .lock.renewal import HeldLock, heartbeat
+from .lock.semaphore import Semaphore
 from .policies import LockPolicy, TaskPolicy
 from .rategate import RateGate
-from .semaphore import Semaphore
 from .setbacks import BUSY_BACKOFF_MAX, BUSY_HEADER, TWIN_HEADER, RunSetbacks, busy_countdown
 from .singleton import queued_marker, task_id_of
 

@@ -25,8 +25,8 @@ from . import signals
 from .config import redlock_for
 from .copies import finished, held_at_most
 from .errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
+from .lock.redlock import Lock
 from .policies import ConcurrencyPolicy, LockPolicy, TaskPolicy
-from .redlock import Lock
 from .transport.failure_text import short_error
 
 __all__ = [

@@ -39,7 +39,7 @@ from ._layout import QUEUED, LockValue
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from .redlock import Redlock
+    from .lock.redlock import Redlock
 
 __all__ = [
     "beat_interval_name",

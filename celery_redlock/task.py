@@ -45,11 +45,11 @@ from . import overrides as call_overrides
 from ._templates import KeySource, task_arguments
 from .config import enabled_for, policy_for, settings_for
 from .errors import ConfigurationError
-from .heartbeat import heartbeat
+from .lock.redlock import Lock
+from .lock.renewal import heartbeat
 from .options import OPTION_NAMES, check_attributes
 from .policies import TaskPolicy
 from .publication import Publication, watch_beat
-from .redlock import Lock
 from .run import TaskRun
 
 __all__ = ["LockedTask"]

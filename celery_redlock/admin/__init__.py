@@ -25,8 +25,8 @@ from typing import Any
 from .._rates import Rate
 from ..config import Settings, settings_for
 from ..errors import ConfigurationError
+from ..lock.redlock import Redlock
 from ..ratelimit import Algorithm, RateLimiter, RateOverride
-from ..redlock import Redlock
 from ._access import NodeClient, OpenNode, lock_nodes, open_node
 from .check import CheckReport, Finding, run_check
 from .health import NodeHealth, ping, probe

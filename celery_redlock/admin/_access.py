@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
-from ..redlock import Redlock
+from ..lock.redlock import Redlock
 from ..transport.nodes import make_nodes
 
 __all__ = ["NodeClient", "OpenNode", "lock_nodes", "open_node"]

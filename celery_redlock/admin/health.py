@@ -12,7 +12,7 @@ import time
 from redis.exceptions import RedisError
 
 from .. import _clock
-from ..redlock import Redlock
+from ..lock.redlock import Redlock
 from ..transport.nodes import Command, NodeFailure, fan_out
 from ._access import NodeClient
 

@@ -10,7 +10,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from .._layout import ArgsPreview, LockValue, lock_name, lock_pattern
-from ..redlock import Redlock
+from ..lock.redlock import Redlock
 from ._access import lock_nodes
 from .semaphores import SemaphoreView, list_semaphores
 

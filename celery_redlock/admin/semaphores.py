@@ -8,7 +8,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from .._layout import LockValue, semaphore_keys, semaphore_name, semaphore_pattern
-from ..redlock import Redlock
+from ..lock.redlock import Redlock
 from ._access import lock_nodes
 
 __all__ = ["SemaphoreView", "SlotHolder", "list_semaphores"]

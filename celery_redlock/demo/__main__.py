@@ -35,7 +35,7 @@ from typing import Any
 import redis
 
 from .. import errors
-from ..redlock import Redlock
+from ..lock.redlock import Redlock
 from ..testing import RedisServer, ServerGroup
 from .tasks import create_app
 

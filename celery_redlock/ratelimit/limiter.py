@@ -10,10 +10,10 @@ import redis
 from redis.exceptions import ResponseError
 
 from .. import _clock
-from .._arguments import MAX_NODE_TIMEOUT, MIN_NODE_TIMEOUT, positive_int, seconds
 from .._layout import RATE_PREFIX, RateKeys
 from .._rates import RateSpec, micros
 from .._scripts import load
+from .._validators import MAX_NODE_TIMEOUT, MIN_NODE_TIMEOUT, positive_int, seconds
 from ..errors import ConfigurationError, RateLimiterUnavailable
 from ..transport.nodes import Call, Command, Node, NodeFailure, fan_out
 from .algorithms import ALGORITHMS, DEFAULT_ALGORITHM, Algorithm, check_algorithm

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .._arguments import seconds
 from .._rates import Rate, micros, parse_rate
+from .._validators import seconds
 from ..errors import ConfigurationError
 
 __all__ = ["MAX_OVERRIDE_TTL", "RateOverride", "check_override", "override_from_reply"]

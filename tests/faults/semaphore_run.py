@@ -27,7 +27,7 @@ from typing import Any
 import redis
 
 from celery_redlock import Redlock, errors
-from celery_redlock._slots import Slots
+from celery_redlock.lock.semaphore_slots import Slots
 from celery_redlock.testing import RedisServer
 
 from .checker import EXAMPLES, overlapping_pairs

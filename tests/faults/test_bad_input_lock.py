@@ -18,7 +18,7 @@ import redis
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
 from celery_redlock import Redlock, errors
-from celery_redlock.redlock import RENEWED
+from celery_redlock.lock.redlock import RENEWED
 from celery_redlock.testing import RedisServer
 from celery_redlock.transport.commands import NodeFailure, WrongReply
 from celery_redlock.transport.resp import INCOMPLETE, parse

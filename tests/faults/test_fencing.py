@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from celery_redlock import Redlock, _clock
-from celery_redlock._fencing import ahead_us
+from celery_redlock.lock.fencing import ahead_us
 from celery_redlock.testing import RedisServer
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]

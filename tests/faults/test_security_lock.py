@@ -20,8 +20,9 @@ from redis.exceptions import NoPermissionError
 from redis.retry import Retry
 
 import celery_redlock
-from celery_redlock import Redlock, _wakeup, errors
+from celery_redlock import Redlock, errors
 from celery_redlock._scripts import load
+from celery_redlock.lock import release_wakeup as _wakeup
 from celery_redlock.testing import RedisServer, ServerStartError, free_port
 
 from ..support import with_node_timeout

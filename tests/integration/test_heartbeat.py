@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from celery_redlock import redlock as redlock_module
 from celery_redlock.errors import LockLost
-from celery_redlock.heartbeat import RENEW_AT, Heartbeat
+from celery_redlock.lock import redlock as redlock_module
+from celery_redlock.lock.renewal import RENEW_AT, Heartbeat
 from tests.support import script_runs, with_node_timeout
 
 pytestmark = pytest.mark.integration

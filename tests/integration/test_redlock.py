@@ -227,7 +227,7 @@ def test_partial_acquisition_is_undone_everywhere(servers, make_redlock):
 
 
 def test_a_failed_attempt_undoes_only_where_its_token_may_be(servers, make_redlock, monkeypatch):
-    from celery_redlock import lock as lock_module
+    from celery_redlock.lock import lock as lock_module
 
     nodes = servers[:3]
     redlock = make_redlock(nodes)
@@ -738,7 +738,7 @@ def test_extend_never_places_the_key_over_another_owner(servers, make_redlock):
 
 
 def test_renewal_that_finds_the_key_overwritten_with_another_type_is_lost(servers, make_redlock):
-    from celery_redlock.redlock import LOST
+    from celery_redlock.lock.redlock import LOST
 
     nodes = servers[:3]
     redlock = make_redlock(nodes)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from celery_redlock import Semaphore, errors
-from celery_redlock.heartbeat import Heartbeat
+from celery_redlock.lock.renewal import Heartbeat
 from celery_redlock.testing import RedisServer
 from tests.support import all_topologies, with_node_timeout
 
@@ -199,7 +199,7 @@ def test_heartbeat_keeps_slots(servers: Any, make_redlock: Any) -> None:
 
 
 def test_renew_reports_a_lost_slot(servers: Any, make_redlock: Any) -> None:
-    from celery_redlock.redlock import LOST, RENEWED
+    from celery_redlock.lock.redlock import LOST, RENEWED
 
     redlock = make_redlock(servers[:3])
     kept = redlock.semaphore("renew", limit=2, ttl=5.0)
@@ -290,7 +290,7 @@ def test_waiters_are_served_in_arrival_order(
     "First attempt" is its reply: a contender descheduled before its first
     attempt reached the nodes (a loaded machine) had not arrived yet.
     """
-    from celery_redlock import _slots
+    from celery_redlock.lock import semaphore_slots as _slots
 
     contenders, rounds, bound = 20, 8, 25
     redlock = make_redlock(servers[:count], retry_delay=0.2)
@@ -412,7 +412,7 @@ def test_a_non_blocking_semaphore_with_a_timeout_is_refused(
 def test_one_node_down_costs_no_extra_round_trip(
     servers: Any, make_redlock: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from celery_redlock import _slots as semaphore_module
+    from celery_redlock.lock import semaphore_slots as semaphore_module
 
     nodes = servers[:3]
     nodes[2].kill()
@@ -438,7 +438,7 @@ def test_one_node_down_costs_no_extra_round_trip(
 def test_locks_and_slots_renew_in_one_round_trip(
     servers: Any, make_redlock: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from celery_redlock import redlock as redlock_module
+    from celery_redlock.lock import redlock as redlock_module
 
     redlock = make_redlock(servers[:3])
     lock = redlock.lock("mixed-lock", ttl=5.0)

@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from celery_redlock import RateLimiter, Redlock, errors
-from celery_redlock.lock import _EXTEND, _RELEASE
+from celery_redlock.lock.lock import _EXTEND, _RELEASE
 from celery_redlock.testing import RedisServer, ServerGroup, free_port
 from celery_redlock.transport.commands import Call
 from celery_redlock.transport.nodes import Command, NodeFailure, NotWaitedFor, fan_out, make_nodes

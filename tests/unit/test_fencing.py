@@ -7,9 +7,9 @@ import zlib
 import pytest
 
 from celery_redlock import _clock
-from celery_redlock._fencing import MAX_TOKEN, RATE_MARGIN, FenceClock, ahead_us, token_for
 from celery_redlock._layout import FENCE_BUCKETS, fence_bucket, lock_keys
-from celery_redlock._outcomes import Tally
+from celery_redlock.lock.fencing import MAX_TOKEN, RATE_MARGIN, FenceClock, ahead_us, token_for
+from celery_redlock.lock.quorum import Tally
 
 
 class FakeClock:

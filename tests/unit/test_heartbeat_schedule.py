@@ -16,10 +16,10 @@ import pytest
 from freezegun import freeze_time
 from freezegun.api import FrozenDateTimeFactory
 
-from celery_redlock import heartbeat as heartbeat_module
 from celery_redlock._clock import monotonic
-from celery_redlock.heartbeat import Heartbeat, HeldLock
-from celery_redlock.redlock import LOST, RENEWED, UNREACHABLE
+from celery_redlock.lock import renewal as heartbeat_module
+from celery_redlock.lock.redlock import LOST, RENEWED, UNREACHABLE
+from celery_redlock.lock.renewal import Heartbeat, HeldLock
 from celery_redlock.run import BUSY_BACKOFF_MAX, busy_countdown
 
 

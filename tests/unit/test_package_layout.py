@@ -103,7 +103,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 #: and why. The cycle test above counts them too, so none of them may break a
 #: cycle by hiding it from the top of the module: a new one is a decision.
 LAZY_IMPORTS = {
-    ("celery_redlock.heartbeat", "celery_redlock.errors"): (
+    ("celery_redlock.lock.renewal", "celery_redlock.errors"): (
         "errors imports nothing, so this breaks no cycle; to move to the top of "
         "heartbeat.py when that module is next changed"
     ),
@@ -161,15 +161,15 @@ LONG_MODULES = {
         "one job, one connection's state machine: non-blocking connect, TLS over a "
         "memory BIO, login, FIFO pipeline; every method runs under the fan-out's lock"
     ),
-    "celery_redlock.lock": (
+    "celery_redlock.lock.lock": (
         "one job, one named lock: acquire, extend, release and their outcomes, "
         "documented rule by rule"
     ),
-    "celery_redlock.redlock": (
+    "celery_redlock.lock.redlock": (
         "one job, the Redlock over N nodes: locks, batched renewal and inspection of "
         "locks it does not hold, all through one fan-out"
     ),
-    "celery_redlock.heartbeat": (
+    "celery_redlock.lock.renewal": (
         "one job, the per-process renewal thread: the held locks and slots, when each "
         "is due, progress, and what a failed renewal tells the holder"
     ),

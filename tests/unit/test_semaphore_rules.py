@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from celery_redlock._slots import MAX_LIMIT, Answers, agreed, check_limit, decided, target
 from celery_redlock.errors import ConfigurationError
+from celery_redlock.lock.semaphore_slots import (
+    MAX_LIMIT,
+    Answers,
+    agreed,
+    check_limit,
+    decided,
+    target,
+)
 
 
 @pytest.mark.parametrize("limit", [1, 3, MAX_LIMIT])

@@ -30,26 +30,20 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import _clock
-from ._arguments import MAX_TTL, seconds, text
-from ._fencing import ahead_us, token_for
-from ._layout import LockValue
-from ._lease import Lease
-from ._outcomes import Tally, acquire_decided, failed, majority_at_least, majority_held, reply
-from ._scripts import load
-from .errors import (
-    ConfigurationError,
-    LockLost,
-    LockNotAcquired,
-    QuorumUnavailable,
-    RedlockError,
-)
-from .heartbeat import heartbeat
-from .transport.nodes import Call, fan_out
+from .. import _clock
+from .._layout import LockValue
+from .._scripts import load
+from .._validators import MAX_TTL, seconds, text
+from ..errors import ConfigurationError, LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
+from ..transport.nodes import Call, fan_out
+from .fencing import ahead_us, token_for
+from .lease import Lease
+from .quorum import Tally, acquire_decided, failed, majority_at_least, majority_held, reply
+from .renewal import heartbeat
 
 if TYPE_CHECKING:
-    from .heartbeat import HeldLock
     from .redlock import Redlock
+    from .renewal import HeldLock
 
 __all__ = ["Lock"]
 
@@ -245,7 +239,7 @@ class Lock(Lease):
 
         The fencing token is settled in the same round trip when every node
         that answered was below the proposed token, else in one more
-        (:mod:`._fencing`).
+        (:mod:`.fencing`).
         """
         redlock = self.redlock
         nodes = redlock.nodes

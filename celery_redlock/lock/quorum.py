@@ -19,7 +19,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .transport.nodes import Node, NodeFailure, NodeResult
+from ..transport.nodes import Node, NodeFailure, NodeResult
 
 __all__ = [
     "BUSY",

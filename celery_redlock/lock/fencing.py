@@ -1,7 +1,7 @@
 """Fencing tokens: proposed by the client, checked and recorded by a majority.
 
 A token is an integer on the scale of the nodes' clocks, in microseconds.
-Each node keeps, per *bucket* (:func:`~._layout.fence_bucket`: 1,024 per
+Each node keeps, per *bucket* (:func:`~.._layout.fence_bucket`: 1,024 per
 node, shared by the names that hash to them), the largest token recorded
 there; a bucket that does not exist reads as the node's ``TIME``. One
 acquisition:
@@ -26,7 +26,7 @@ Why tokens for one name only increase: docs/reliability.md, *Fencing tokens*.
 
 from __future__ import annotations
 
-from . import _clock
+from .. import _clock
 
 __all__ = ["MAX_TOKEN", "RATE_MARGIN", "FenceClock", "ahead_us", "token_for"]
 

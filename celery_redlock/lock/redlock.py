@@ -2,7 +2,7 @@
 
 :class:`Redlock` knows the nodes, and does what concerns many locks or a
 lock it does not hold (batched renewal, inspection, cleanup by owner);
-:class:`~celery_redlock.lock.Lock` is one named lock that can be acquired,
+:class:`~celery_redlock.lock.lock.Lock` is one named lock that can be acquired,
 extended and released. The algorithm is the one described at
 https://redis.io/docs/latest/develop/use/patterns/distributed-locks/ with the
 corrections that implementations of it tend to miss:
@@ -18,7 +18,7 @@ corrections that implementations of it tend to miss:
   is valid (so that it regains nodes that were down when it was taken);
 * waiters are woken by the release (pub/sub), not only by polling;
 * each acquisition carries a fencing token, larger than every earlier one
-  for the same name, kept in a bounded set of keys per node (:mod:`._fencing`).
+  for the same name, kept in a bounded set of keys per node (:mod:`.fencing`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ from typing import Any
 import redis
 from redis.exceptions import ResponseError
 
-from . import _clock
-from ._arguments import (
+from .. import _clock
+from .._layout import KEY_PREFIX, LockKeys, LockValue, lock_keys, semaphore_keys
+from .._scripts import LuaScript, load
+from .._validators import (
     MAX_NODE_TIMEOUT,
     MAX_TTL,
     MIN_FENCE_TTL,
@@ -40,18 +42,16 @@ from ._arguments import (
     seconds,
     text,
 )
-from ._fencing import FenceClock
-from ._layout import KEY_PREFIX, LockKeys, LockValue, lock_keys, semaphore_keys
-from ._outcomes import BUSY, LOST, RENEWED, UNREACHABLE, Tally, failed, reply
-from ._scripts import LuaScript, load
-from ._slots import RELEASE as _SEM_RELEASE
-from ._slots import RELEASE_OWNER as _SEM_RELEASE_OWNER
-from ._slots import RENEW as _SEM_RENEW
-from ._slots import renew_call
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
+from ..transport.nodes import Call, Command, Node, NodeFailure, fan_out, make_nodes
+from .fencing import FenceClock
 from .lock import Lock, ms
+from .quorum import BUSY, LOST, RENEWED, UNREACHABLE, Tally, failed, reply
 from .semaphore import Semaphore
-from .transport.nodes import Call, Command, Node, NodeFailure, fan_out, make_nodes
+from .semaphore_slots import RELEASE as _SEM_RELEASE
+from .semaphore_slots import RELEASE_OWNER as _SEM_RELEASE_OWNER
+from .semaphore_slots import RENEW as _SEM_RENEW
+from .semaphore_slots import renew_call
 
 __all__ = ["BUSY", "LOST", "RENEWED", "UNREACHABLE", "Lock", "Redlock", "Semaphore"]
 
@@ -519,7 +519,7 @@ class Redlock:
         for node in self.nodes:
             node.close()
 
-    # -- key layout (see :mod:`._layout`) -------------------------------------
+    # -- key layout (see :mod:`.._layout`) -------------------------------------
 
     def keys(self, name: str) -> LockKeys:
         """The Redis keys of the lock called ``name``."""

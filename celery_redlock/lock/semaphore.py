@@ -25,7 +25,7 @@ overtakes a waiter, and a waiter is served once those ahead of it are. A
 release announces itself on the semaphore's channel, so waiters wake at once.
 
 This module decides what a holder does (wait, keep, give up); the calls to
-the nodes and the rules that decide an attempt are in :mod:`._slots`. See
+the nodes and the rules that decide an attempt are in :mod:`.semaphore_slots`. See
 docs/flow-control.md, *Semaphore*, for the rules and the proof.
 """
 
@@ -36,24 +36,18 @@ import secrets
 import threading
 from typing import TYPE_CHECKING
 
-from . import _clock
-from ._arguments import seconds, text
-from ._layout import semaphore_keys
-from ._lease import Lease
-from ._slots import MAX_LIMIT, Attempt, Slots, check_limit
-from .errors import (
-    ConfigurationError,
-    LockLost,
-    LockNotAcquired,
-    QuorumUnavailable,
-    RedlockError,
-)
-from .heartbeat import heartbeat
+from .. import _clock
+from .._layout import semaphore_keys
+from .._validators import seconds, text
+from ..errors import ConfigurationError, LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
+from .lease import Lease
 from .lock import check_ttl
+from .renewal import heartbeat
+from .semaphore_slots import MAX_LIMIT, Attempt, Slots, check_limit
 
 if TYPE_CHECKING:
-    from .heartbeat import HeldLock
     from .redlock import Redlock
+    from .renewal import HeldLock
 
 __all__ = ["MAX_LIMIT", "Semaphore", "check_limit"]
 

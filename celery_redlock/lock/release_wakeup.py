@@ -10,8 +10,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from . import _clock
-from .transport.nodes import Node
+from .. import _clock
+from ..transport.nodes import Node
 
 __all__ = ["ReleaseListener", "sleep"]
 

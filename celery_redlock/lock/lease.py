@@ -14,10 +14,10 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 
-from . import _clock
-from ._wakeup import ReleaseListener, sleep
-from .errors import LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
-from .transport.commands import NodeFailure
+from .. import _clock
+from ..errors import LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
+from ..transport.commands import NodeFailure
+from .release_wakeup import ReleaseListener, sleep
 
 if TYPE_CHECKING:
     from .redlock import Redlock

@@ -7,7 +7,7 @@ nodes' answers are plain functions: :func:`agreed` (a majority granted one
 slot number), :func:`target` (the slot number to settle on when they
 disagree) and the ``enough`` predicates that let a fan-out stop early.
 
-Key layout and value format: :mod:`._layout` (``SemaphoreKeys``,
+Key layout and value format: :mod:`.._layout` (``SemaphoreKeys``,
 ``LockValue``); the scripts are ``scripts/semaphore_*.lua``.
 """
 
@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import _clock
-from ._layout import LockValue, SemaphoreKeys
-from ._outcomes import Decided, Tally, failed, majority_held, reply
-from ._scripts import load
-from .errors import ConfigurationError
+from .. import _clock
+from .._layout import LockValue, SemaphoreKeys
+from .._scripts import load
+from ..errors import ConfigurationError
+from ..transport.nodes import Call, NodeResult, fan_out
 from .lock import ms
-from .transport.nodes import Call, NodeResult, fan_out
+from .quorum import Decided, Tally, failed, majority_held, reply
 
 if TYPE_CHECKING:
     from .redlock import Redlock

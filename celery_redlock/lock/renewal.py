@@ -34,9 +34,9 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import _clock
-from ._clock import PAUSE_EVERY, pause
-from ._outcomes import LOST, RENEWED, UNREACHABLE
+from .. import _clock
+from .._clock import PAUSE_EVERY, pause
+from .quorum import LOST, RENEWED, UNREACHABLE
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -381,7 +381,7 @@ class Heartbeat:
 
 
 def _lost_error(held: HeldLock) -> Exception:
-    from .errors import LockLost
+    from ..errors import LockLost
 
     return LockLost(
         f"lock {held.name!r} of task {held.task_id} was lost "
