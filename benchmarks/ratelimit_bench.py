@@ -40,8 +40,8 @@ import redis
 from _common import environment, parser, progress, redis_servers, save, table
 
 from celery_redlock import RateLimiter
-from celery_redlock._rates import MAX_LIMIT, Rate
 from celery_redlock.ratelimit import Limit
+from celery_redlock.ratelimit.rates import MAX_LIMIT, Rate
 
 try:
     import limits

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import click
 
 from ._cli_common import BadConfiguration, Session, duration, json_option, table
-from ._rates import Rate, parse_rate
 from .admin import LimitUse
 from .errors import ConfigurationError, RateLimiterUnavailable
 from .options import ALGORITHMS
 from .rategate import PUBLISH_BUDGET
 from .ratelimit import Algorithm
+from .ratelimit.rates import Rate, parse_rate
 
 __all__ = ["limits"]
 

@@ -21,12 +21,12 @@ from typing import Any, TypeAlias, TypeVar
 
 import redis
 
-from ._rates import DynamicRate, Rate, parse_rate, rate_source
 from ._validators import positive_int, seconds
 from .errors import ConfigurationError
 from .lock.semaphore import MAX_LIMIT as MAX_SLOTS
 from .ratelimit.algorithms import Algorithm, check_algorithm
-from .ratelimit.limits import MAX_LIMITS
+from .ratelimit.limit import MAX_LIMITS
+from .ratelimit.rates import DynamicRate, Rate, parse_rate, rate_source
 
 __all__ = [
     "Cost",

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from . import options as task_options
 from ._layout import period_key
-from ._rates import DynamicRate, Rate
 from ._templates import ArgumentPlan, KeyTemplate
 from ._validation import Cost, RateEntry
 from ._validators import MAX_TTL
 from .errors import ConfigurationError
 from .ratelimit import Algorithm, Limit
 from .ratelimit.algorithms import check_rate_for
+from .ratelimit.rates import DynamicRate, Rate
 from .singleton import debounce_name, queued_name, singleton_key
 
 if TYPE_CHECKING:

@@ -25,13 +25,13 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from .._layout import RateKeys, period_key
-from .._rates import DynamicRate, Rate
 from .._spelling import closest
 from ..config import Settings
 from ..errors import RateLimiterUnavailable
 from ..policies import TaskLimit, TaskPolicy
 from ..rategate import PUBLISH_BUDGET
 from ..ratelimit import ALGORITHMS, Algorithm, Limit, RateLimiter, RateOverride
+from ..ratelimit.rates import DynamicRate, Rate
 from ..task_table import entry_policy
 from ._access import NodeClient
 

@@ -52,10 +52,10 @@ from __future__ import annotations
 
 from .algorithms import ALGORITHMS, DEFAULT_ALGORITHM, Algorithm
 from .decision import LimitDecision, RateLimitDecision
-from .health import NodeStatus
+from .failover import NodeStatus
+from .limit import Limit
 from .limiter import OnUnavailable, RateLimiter
-from .limits import Limit
-from .overrides import RateOverride
+from .rate_overrides import RateOverride
 
 __all__ = [
     "ALGORITHMS",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from .._rates import Rate, micros
 from ..errors import ConfigurationError
+from .rates import Rate, micros
 
 __all__ = [
     "ALGORITHMS",
@@ -63,7 +63,7 @@ def check_rate_for(rate: Rate, algorithm: Algorithm, option: str) -> None:
 def rate_problem_for(rate: Rate, algorithm: Algorithm) -> tuple[str, str] | None:
     """Why ``algorithm`` cannot keep ``rate``: ``("limit" or "period", problem)``, or ``None``.
 
-    The rate's general bounds are checked by :func:`~celery_redlock._rates.check_rate`.
+    The rate's general bounds are checked by :func:`~celery_redlock.ratelimit.rates.check_rate`.
     """
     if algorithm == "gcra" and rate.interval < MIN_GCRA_INTERVAL:
         return "limit", (

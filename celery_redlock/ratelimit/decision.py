@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .limits import Resolved
+from .limit import Resolved
 
 __all__ = ["LimitDecision", "RateLimitDecision", "combine", "from_reply", "unchecked"]
 

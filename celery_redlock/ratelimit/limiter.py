@@ -11,24 +11,16 @@ from redis.exceptions import ResponseError
 
 from .. import _clock
 from .._layout import RATE_PREFIX, RateKeys
-from .._rates import RateSpec, micros
 from .._scripts import load
 from .._validators import MAX_NODE_TIMEOUT, MIN_NODE_TIMEOUT, positive_int, seconds
 from ..errors import ConfigurationError, RateLimiterUnavailable
 from ..transport.nodes import Call, Command, Node, NodeFailure, fan_out
 from .algorithms import ALGORITHMS, DEFAULT_ALGORITHM, Algorithm, check_algorithm
 from .decision import RateLimitDecision, from_reply, unchecked
-from .health import NodeStatus, Routes
-from .limits import (
-    LimitLike,
-    Resolved,
-    check_budget,
-    check_key,
-    from_call,
-    number_text,
-    resolve,
-)
-from .overrides import RateOverride, check_override, override_from_reply
+from .failover import NodeStatus, Routes
+from .limit import LimitLike, Resolved, check_budget, check_key, from_call, number_text, resolve
+from .rate_overrides import RateOverride, check_override, override_from_reply
+from .rates import RateSpec, micros
 
 __all__ = ["OnUnavailable", "RateLimiter"]
 

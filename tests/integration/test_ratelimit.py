@@ -16,9 +16,9 @@ import redis
 
 from celery_redlock import RateLimitDecision, RateLimiter, errors
 from celery_redlock._layout import RateKeys
-from celery_redlock._rates import MAX_LIMIT, Rate, parse_rate
 from celery_redlock._scripts import load
 from celery_redlock.ratelimit import Limit
+from celery_redlock.ratelimit.rates import MAX_LIMIT, Rate, parse_rate
 
 pytestmark = pytest.mark.integration
 

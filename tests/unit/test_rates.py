@@ -12,10 +12,10 @@ from redis.crc import key_slot
 
 from celery_redlock import RateLimitDecision, RateLimiter, errors
 from celery_redlock._layout import RateKeys
-from celery_redlock._rates import DynamicRate, Rate, micros, parse_rate, rate_source
 from celery_redlock.ratelimit import Limit, LimitDecision
 from celery_redlock.ratelimit.decision import combine, from_reply, unchecked
-from celery_redlock.ratelimit.limits import Resolved
+from celery_redlock.ratelimit.limit import Resolved
+from celery_redlock.ratelimit.rates import DynamicRate, Rate, micros, parse_rate, rate_source
 
 #: Nothing listens here; nothing in these tests connects.
 URL = "redis://127.0.0.1:6390/0"

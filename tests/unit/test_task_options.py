@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from celery_redlock import config, options
-from celery_redlock._rates import DynamicRate, Rate
 from celery_redlock._templates import ArgumentPlan
 from celery_redlock.config import Settings
 from celery_redlock.errors import ConfigurationError
 from celery_redlock.policies import TaskPolicy
+from celery_redlock.ratelimit.rates import DynamicRate, Rate
 
 PLAN = ArgumentPlan(inspect.signature(lambda user_id, page=1: None))
 SETTINGS = Settings(nodes=("redis://127.0.0.1:1/0",))

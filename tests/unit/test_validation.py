@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from celery_redlock import _validation as check
-from celery_redlock._rates import Rate
 from celery_redlock.errors import ConfigurationError
+from celery_redlock.ratelimit.rates import Rate
 
 
 def problem(validator: Any, value: Any, *args: Any, **kwargs: Any) -> str:

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, TypeAlias
 
-from .._rates import DynamicRate, Rate, RateSpec, micros, rate_problem, rate_source
 from ..errors import ConfigurationError
 from .algorithms import ALGORITHMS, Algorithm, check_algorithm, check_rate_for, rate_problem_for
+from .rates import DynamicRate, Rate, RateSpec, micros, rate_problem, rate_source
 
 __all__ = [
     "MAX_KEY_BYTES",
@@ -47,7 +47,7 @@ _BUDGET = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 class Limit:
     """One limit: ``rate`` on ``key``, kept by ``algorithm`` (the limiter's default if None).
 
-    ``rate`` is anything :func:`~celery_redlock._rates.parse_rate` reads
+    ``rate`` is anything :func:`~celery_redlock.ratelimit.rates.parse_rate` reads
     (``"10/s"``, ``"2.5/m"``, ``"50000/d"``, a :class:`Rate`, a number per
     second) or a callable ``rate(key)`` evaluated on every decision.
 

@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .._rates import Rate, micros, parse_rate
 from .._validators import seconds
 from ..errors import ConfigurationError
+from .rates import Rate, micros, parse_rate
 
 __all__ = ["MAX_OVERRIDE_TTL", "RateOverride", "check_override", "override_from_reply"]
 

@@ -31,7 +31,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any, TypeAlias
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 __all__ = [
     "MAX_LIMIT",
