@@ -52,11 +52,12 @@ from _common import environment, parser, progress, redis_servers, save, table, v
 from celery import Celery, Task
 from celery.app.trace import task_has_custom
 
-from celery_redlock import LockedTask, RateLimiter, Redlock, config, signals
+from celery_redlock import LockedTask, RateLimiter, Redlock, signals
 from celery_redlock._layout import LockValue
 from celery_redlock.lock.lock import Lock
 from celery_redlock.lock.renewal import heartbeat
-from celery_redlock.run import TaskRun
+from celery_redlock.tasks import settings as config
+from celery_redlock.tasks.run import TaskRun
 
 TTL = 60.0
 COMPARE_AND_DELETE = """

@@ -54,8 +54,9 @@ from _common import environment, parser, progress, redis_servers, save, table, v
 from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
 
-from celery_redlock import LockedTask, config
+from celery_redlock import LockedTask
 from celery_redlock._layout import lock_name, semaphore_name
+from celery_redlock.tasks import settings as config
 
 try:
     from celery_once import QueueOnce

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from . import errors, signals
-    from .hooks import setup
     from .lock.redlock import Lock, Redlock
     from .lock.semaphore import Semaphore
     from .ratelimit import RateLimitDecision, RateLimiter
-    from .task import LockedTask
+    from .tasks.app_setup import setup
+    from .tasks.locked_task import LockedTask
 
 __version__ = "0.1.0.dev0"
 
@@ -47,13 +47,13 @@ __all__ = [
 #: The module each public name comes from (a module name alone: the module itself).
 _HOMES = {
     "Lock": ".lock.redlock",
-    "LockedTask": ".task",
+    "LockedTask": ".tasks.locked_task",
     "RateLimitDecision": ".ratelimit",
     "RateLimiter": ".ratelimit",
     "Redlock": ".lock.redlock",
     "Semaphore": ".lock.semaphore",
     "errors": ".errors",
-    "setup": ".hooks",
+    "setup": ".tasks.app_setup",
     "signals": ".signals",
 }
 

@@ -16,10 +16,10 @@ import click
 from ._cli_common import BadConfiguration, Session, duration, json_option, table
 from .admin import LimitUse
 from .errors import ConfigurationError, RateLimiterUnavailable
-from .options import ALGORITHMS
 from .rategate import PUBLISH_BUDGET
 from .ratelimit import Algorithm
 from .ratelimit.rates import Rate, parse_rate
+from .tasks.options import ALGORITHMS
 
 __all__ = ["limits"]
 

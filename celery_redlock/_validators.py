@@ -8,7 +8,7 @@ the lock is built, and never turns into a node failure later.
 
 This is the package's lowest layer of checks (it imports only the errors):
 :func:`seconds` and :func:`positive_int` are also the checks the rate
-limiter and the Celery options (:mod:`._validation`) use, so each kind of
+limiter and the Celery options (:mod:`.tasks.setting_checks`) use, so each kind of
 value has one check and one wording.
 """
 
@@ -53,7 +53,7 @@ def seconds(
     """``value`` as a finite number of seconds > 0 (>= 0 with ``allow_zero``), within bounds.
 
     The one check of a number of seconds, for the lock's arguments, the rate
-    limiter's and the Celery integration's options (:mod:`._validation`).
+    limiter's and the Celery integration's options (:mod:`.tasks.setting_checks`).
     """
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ConfigurationError(option, f"expected a number of seconds, got {value!r}")

@@ -2,14 +2,14 @@
 
 ``@app.task(base=LockedTask, concurrency_limit=3, concurrency_key="export:{tenant_id}")``
 lets at most 3 runs per key inside their body at once, across every worker.
-:class:`SlotGate` takes the slot for a :class:`~celery_redlock.run.TaskRun`,
+:class:`SlotGate` takes the slot for a :class:`~celery_redlock.tasks.run.TaskRun`,
 after its locks and before the rate limit counts it:
 
 - the slot is a :class:`~celery_redlock.lock.semaphore.Semaphore` slot owned by
   ``task_id|host:pid`` (as a lock is), renewed by the process heartbeat with
   the run's locks and released with them on every way out; the worker's
   main process frees it by that owner when the pool process dies
-  (:func:`celery_redlock.hooks.free_by_owner`);
+  (:func:`celery_redlock.tasks.app_setup.free_by_owner`);
 - a run that finds every slot taken waits up to ``lock_timeout`` in the
   semaphore's queue, woken by a release, then ``on_lock_busy`` applies: a
   ``"retry"`` re-queue is a busy re-queue like a busy lock's: it does not
@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, NoReturn
 
 from . import _clock, signals
 from ._layout import LockValue
-from .config import redlock_for
 from .errors import QuorumUnavailable
 from .lock.renewal import HeldLock, heartbeat
-from .policies import ConcurrencyPolicy
-from .setbacks import Taken
+from .tasks.policies import ConcurrencyPolicy
+from .tasks.run_endings import Taken
+from .tasks.settings import redlock_for
 
 if TYPE_CHECKING:
-    from .run import TaskRun
+    from .tasks.run import TaskRun
 
 __all__ = ["SlotGate"]
 
@@ -38,7 +38,7 @@ __all__ = ["SlotGate"]
 class SlotGate:
     """The concurrency limit of one run: the slot it takes, or what it does without one.
 
-    Example (what :class:`~celery_redlock.run.TaskRun` does)::
+    Example (what :class:`~celery_redlock.tasks.run.TaskRun` does)::
 
         held = SlotGate(run, policy.concurrency).take()   # registered with the heartbeat
     """

@@ -56,13 +56,13 @@ from celery.exceptions import Ignore
 from celery.utils import uuid
 
 from . import signals
-from .config import debounce_store_for as store_for
 from .errors import DebounceUnavailable, RedlockError, Superseded
+from .tasks.settings import debounce_store_for as store_for
 
 if TYPE_CHECKING:
-    from .policies import DebouncePolicy
-    from .publication import Publication
-    from .run import TaskRun
+    from .tasks.policies import DebouncePolicy
+    from .tasks.publish import Publication
+    from .tasks.run import TaskRun
 
 __all__ = ["DEBOUNCE_HEADER", "UNAVAILABLE_RETRY", "admit", "publish"]
 

@@ -44,13 +44,13 @@ from typing import TYPE_CHECKING, NoReturn
 from . import signals
 from ._layout import QUEUED, LockValue
 from ._preview import drop as drop_preview
-from .config import redlock_for
 from .errors import LockNotAcquired, QuorumUnavailable
 from .lock.renewal import HeldLock
 from .singleton import queued_marker, queued_name, task_id_of
+from .tasks.settings import redlock_for
 
 if TYPE_CHECKING:
-    from .run import TaskRun
+    from .tasks.run import TaskRun
 
 __all__ = ["FOLLOW_UP_POLL", "take_running"]
 

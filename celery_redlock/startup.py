@@ -6,7 +6,7 @@ Once per worker, from the start-up bootstep, in the worker's main process:
   or the same at WARNING when a node does not answer, with ``quorum NOT
   reachable`` and what that means for tasks when fewer than a majority do;
 - WARNING for each ``app.conf`` name that looks meant for celery_redlock but
-  is never read (:func:`celery_redlock.config.unknown_settings`);
+  is never read (:func:`celery_redlock.tasks.settings.unknown_settings`);
 - WARNING when the locks fall back to ``redis://localhost:6379/0`` because
   ``redlock_nodes`` is unset and the broker is not Redis;
 - WARNING for each ``redlock_tasks`` entry whose task no module registered.
@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from .admin import Admin
-from .config import DEFAULT_NODE, node_fallback, unknown_settings
 from .errors import RedlockError
-from .task_table import unknown_task
+from .tasks.settings import DEFAULT_NODE, node_fallback, unknown_settings
+from .tasks.task_table import unknown_task
 
 __all__ = ["PROBE_TIMEOUT", "nodes_line", "notices", "report"]
 

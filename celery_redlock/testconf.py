@@ -28,8 +28,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from .config import SETTING_NAMES, forget
 from .errors import ConfigurationError
+from .tasks.settings import SETTING_NAMES, forget
 
 __all__ = ["redlock_settings"]
 

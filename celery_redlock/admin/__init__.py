@@ -22,11 +22,11 @@ from functools import cached_property
 from types import TracebackType
 from typing import Any
 
-from ..config import Settings, settings_for
 from ..errors import ConfigurationError
 from ..lock.redlock import Redlock
 from ..ratelimit import Algorithm, RateLimiter, RateOverride
 from ..ratelimit.rates import Rate
+from ..tasks.settings import Settings, settings_for
 from ._access import NodeClient, OpenNode, lock_nodes, open_node
 from .check import CheckReport, Finding, run_check
 from .health import NodeHealth, ping, probe

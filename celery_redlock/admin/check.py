@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from redis.exceptions import RedisError
 
 from .. import _clock
-from ..config import DEFAULT_NODE, Settings, in_user_terms, node_fallback, unknown_settings
 from ..errors import ConfigurationError, RateLimiterUnavailable
-from ..policies import TaskPolicy
-from ..task_table import check_entry, entry_policy, unknown_task
+from ..tasks.policies import TaskPolicy
+from ..tasks.settings import DEFAULT_NODE, Settings, in_user_terms, node_fallback, unknown_settings
+from ..tasks.task_table import check_entry, entry_policy, unknown_task
 from .health import NodeHealth
 
 if TYPE_CHECKING:

@@ -25,14 +25,14 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from .._layout import RateKeys, period_key
-from .._spelling import closest
-from ..config import Settings
 from ..errors import RateLimiterUnavailable
-from ..policies import TaskLimit, TaskPolicy
 from ..rategate import PUBLISH_BUDGET
 from ..ratelimit import ALGORITHMS, Algorithm, Limit, RateLimiter, RateOverride
 from ..ratelimit.rates import DynamicRate, Rate
-from ..task_table import entry_policy
+from ..tasks.misspelling import closest
+from ..tasks.policies import TaskLimit, TaskPolicy
+from ..tasks.settings import Settings
+from ..tasks.task_table import entry_policy
 from ._access import NodeClient
 
 __all__ = [

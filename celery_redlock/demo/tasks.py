@@ -17,7 +17,7 @@ from celery import Celery
 from celery.signals import worker_ready
 
 from ..errors import LockLost
-from ..task import LockedTask
+from ..tasks.locked_task import LockedTask
 
 
 def create_app(broker: str, nodes: list[str], witness_url: str) -> Celery:

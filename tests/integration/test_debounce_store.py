@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_redlock._debounce_store import DebounceStore, Verdict
-from celery_redlock._templates import ArgumentPlan
 from celery_redlock.errors import ConfigurationError, DebounceUnavailable
-from celery_redlock.policies import TaskPolicy
+from celery_redlock.tasks.debounce_store import DebounceStore, Verdict
+from celery_redlock.tasks.key_templates import ArgumentPlan
+from celery_redlock.tasks.policies import TaskPolicy
 from celery_redlock.testing import RedisServer, ServerGroup
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from celery_redlock.admin.check import (
     task_findings,
 )
 from celery_redlock.admin.health import persistence
-from celery_redlock.config import Settings
+from celery_redlock.tasks.settings import Settings
 
 SETTINGS = Settings(nodes=("redis://127.0.0.1:1/0",))
 

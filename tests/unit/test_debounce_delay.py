@@ -7,9 +7,9 @@ import inspect
 
 import pytest
 
-from celery_redlock._templates import ArgumentPlan
 from celery_redlock.debounce import _delay
-from celery_redlock.policies import TaskPolicy
+from celery_redlock.tasks.key_templates import ArgumentPlan
+from celery_redlock.tasks.policies import TaskPolicy
 
 PLAN = ArgumentPlan(inspect.signature(lambda doc_id: None))
 POLICY = TaskPolicy.from_options("proj.reindex", PLAN, {"debounce": 5.0}).debounce

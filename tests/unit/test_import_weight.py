@@ -55,7 +55,7 @@ def test_an_import_loads_only_what_it_needs(line: str, unwanted: tuple[str, ...]
 
 def test_the_checks_see_what_a_worker_loads() -> None:
     # The same check finds the worker modules and the tools where they are used.
-    loaded = loaded_by("import celery_redlock.request, celery_redlock.admin")
+    loaded = loaded_by("import celery_redlock.tasks.cleanup_request, celery_redlock.admin")
     assert "celery.worker.request" in loaded
     assert "celery_redlock.admin" in loaded
 

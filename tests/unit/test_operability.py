@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_redlock import config
-from celery_redlock.config import KNOWN_SETTINGS, Settings, node_fallback, unknown_settings
 from celery_redlock.errors import QuorumUnavailable, RateLimiterUnavailable
 from celery_redlock.startup import notices
+from celery_redlock.tasks import settings as config
+from celery_redlock.tasks.settings import KNOWN_SETTINGS, Settings, node_fallback, unknown_settings
 from celery_redlock.transport.commands import NodeFailure
 from celery_redlock.transport.failure_text import reason, short_error, summary
 

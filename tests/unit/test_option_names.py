@@ -1,6 +1,6 @@
 """Names that are not options: misspellings and other libraries' options refused, the rest kept.
 
-The rule (``celery_redlock.options``' doc) is checked exhaustively: every
+The rule (``celery_redlock.tasks.options``' doc) is checked exhaustively: every
 one-letter typo of every option name and of the long peer names is refused,
 and every attribute name of Celery's ``Task`` passes.
 """
@@ -18,17 +18,17 @@ import pytest
 from celery import Celery
 
 from celery_redlock import LockedTask
-from celery_redlock._peers import PEER_OPTIONS
-from celery_redlock._spelling import closest, distance, normal, resembles
 from celery_redlock.errors import ConfigurationError
-from celery_redlock.options import (
+from celery_redlock.tasks.locked_task import _CELERY_UNDECLARED, _attributes_to_check
+from celery_redlock.tasks.misspelling import closest, distance, normal, resembles
+from celery_redlock.tasks.options import (
     _LONG_PEER_NAMES,
     OPTION_NAMES,
     check_attributes,
     check_names,
     unknown_option,
 )
-from celery_redlock.task import _CELERY_UNDECLARED, _attributes_to_check
+from celery_redlock.tasks.other_library_options import PEER_OPTIONS
 
 LETTERS = string.ascii_lowercase + "_"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import celery_redlock
 from celery_redlock import LockedTask
 from celery_redlock.demo.__main__ import parse_options
-from celery_redlock.options import OPTION_NAMES
+from celery_redlock.tasks.options import OPTION_NAMES
 
 PACKAGE = Path(celery_redlock.__file__).parent
 
@@ -107,7 +107,7 @@ LAZY_IMPORTS = {
         "errors imports nothing, so this breaks no cycle; to move to the top of "
         "heartbeat.py when that module is next changed"
     ),
-    ("celery_redlock.hooks", "celery_redlock.startup"): (
+    ("celery_redlock.tasks.app_setup", "celery_redlock.startup"): (
         "the start-up report reads through the admin API: loaded by the worker's bootstep "
         "only, so that a process that only publishes loads no operator tool"
     ),
@@ -181,7 +181,7 @@ LONG_MODULES = {
         "one job, rate limits as data for the admin API: views, task limits and their "
         "use, with their JSON forms"
     ),
-    "celery_redlock.policies": (
+    "celery_redlock.tasks.policies": (
         "one job, a task's options made into what is done around each run: a frozen "
         "policy per feature (lock, singleton, rate, debounce, concurrency) and their checks"
     ),

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_redlock import LockedTask, config
-from celery_redlock.config import SETTING_NAMES, Settings, unknown_settings
+from celery_redlock import LockedTask
 from celery_redlock.errors import ConfigurationError
+from celery_redlock.tasks import settings as config
+from celery_redlock.tasks.settings import SETTING_NAMES, Settings, unknown_settings
 
 NODE = "redis://127.0.0.1:1/0"
 

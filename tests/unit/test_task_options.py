@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
-from celery_redlock import config, options
-from celery_redlock._templates import ArgumentPlan
-from celery_redlock.config import Settings
 from celery_redlock.errors import ConfigurationError
-from celery_redlock.policies import TaskPolicy
 from celery_redlock.ratelimit.rates import DynamicRate, Rate
+from celery_redlock.tasks import options
+from celery_redlock.tasks import settings as config
+from celery_redlock.tasks.key_templates import ArgumentPlan
+from celery_redlock.tasks.policies import TaskPolicy
+from celery_redlock.tasks.settings import Settings
 
 PLAN = ArgumentPlan(inspect.signature(lambda user_id, page=1: None))
 SETTINGS = Settings(nodes=("redis://127.0.0.1:1/0",))

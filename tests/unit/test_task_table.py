@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 from celery import Celery, Task, shared_task
 
-from celery_redlock import LockedTask, config, setup
+from celery_redlock import LockedTask, setup
 from celery_redlock.errors import ConfigurationError
-from celery_redlock.policies import TaskPolicy
-from celery_redlock.task_table import apply_entries, check_entry, unknown_task
+from celery_redlock.tasks import settings as config
+from celery_redlock.tasks.policies import TaskPolicy
+from celery_redlock.tasks.task_table import apply_entries, check_entry, unknown_task
 
 NODE = "redis://127.0.0.1:1/0"
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_redlock._templates import ArgumentPlan, KeyTemplate, task_arguments
 from celery_redlock.errors import ConfigurationError
+from celery_redlock.tasks.key_templates import ArgumentPlan, KeyTemplate, task_arguments
 
 
 def bound(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

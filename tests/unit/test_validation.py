@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import redis
 
-from celery_redlock import _validation as check
 from celery_redlock.errors import ConfigurationError
 from celery_redlock.ratelimit.rates import Rate
+from celery_redlock.tasks import setting_checks as check
 
 
 def problem(validator: Any, value: Any, *args: Any, **kwargs: Any) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_redlock import config
+from celery_redlock.tasks import settings as config
 from celery_redlock.testing import RedisServer, ServerGroup
 
 from .support import WorkerProcess, create_app, start_beat, stop_beat

@@ -34,8 +34,8 @@ from celery.signals import after_task_publish, task_prerun, worker_ready
 from celery_redlock import LockedTask, Redlock, setup
 from celery_redlock._layout import semaphore_keys
 from celery_redlock.errors import LockLost
-from celery_redlock.run import BUSY_HEADER
 from celery_redlock.signals import lock_busy, lock_lost
+from celery_redlock.tasks.run import BUSY_HEADER
 from celery_redlock.testing import RedisServer
 
 #: The repository's root: where ``celery -A tests.worker.support`` runs.

@@ -22,7 +22,7 @@ from click.testing import CliRunner, Result
 
 from celery_redlock import Redlock, signals
 from celery_redlock.cli import redlock as redlock_command
-from celery_redlock.config import limiter_for, redlock_for
+from celery_redlock.tasks.settings import limiter_for, redlock_for
 from celery_redlock.testing import RedisServer
 
 from ..support import landed_everywhere

@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_redlock import LockedTask, config, setup
+from celery_redlock import LockedTask, setup
 from celery_redlock.errors import ConfigurationError, DuplicateTask
+from celery_redlock.tasks import settings as config
 from celery_redlock.testing import RedisServer
 
 from .support import ROOT, WorkerProcess, create_app, in_process_worker, looker, overlaps

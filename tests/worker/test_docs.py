@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_redlock.config import Settings
+from celery_redlock.tasks.settings import Settings
 from celery_redlock.testing import ServerGroup, free_port
 
 from .support import ROOT

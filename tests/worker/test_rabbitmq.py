@@ -17,7 +17,7 @@ import pytest
 from celery import Celery
 from kombu import Connection, Queue
 
-from celery_redlock import config
+from celery_redlock.tasks import settings as config
 from celery_redlock.testing import RedisServer
 
 from .support import create_app, in_process_worker, most_in_any_window, overlaps, run_times

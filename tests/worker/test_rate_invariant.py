@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_redlock import config
+from celery_redlock.tasks import settings as config
 from celery_redlock.testing import RedisServer, ServerGroup
 
 from .rate_checker import Bracket, Model, expected_span, judge

@@ -13,9 +13,9 @@ from celery import Celery, states
 from celery.exceptions import MaxRetriesExceededError
 
 from celery_redlock import LockedTask, setup, signals
-from celery_redlock.config import policy_for, redlock_for
 from celery_redlock.errors import ConfigurationError, DuplicateTask
 from celery_redlock.singleton import canonical_hash
+from celery_redlock.tasks.settings import policy_for, redlock_for
 from celery_redlock.testing import RedisServer
 
 from .support import free_now, in_process_worker, overlaps, wait_for_event, wait_free

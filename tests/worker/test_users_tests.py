@@ -20,13 +20,14 @@ import fakeredis
 import pytest
 from celery import Celery, states
 
-from celery_redlock import LockedTask, Redlock, config
+from celery_redlock import LockedTask, Redlock
 from celery_redlock.errors import (
     ConfigurationError,
     QuorumUnavailable,
     RateLimited,
     RateLimiterUnavailable,
 )
+from celery_redlock.tasks import settings as config
 from celery_redlock.testconf import redlock_settings
 from celery_redlock.testing import RedisServer, ServerGroup, free_port
 

@@ -17,13 +17,13 @@ This module is all the app wiring there is:
 - :class:`RedlockStartupCheck`, a worker bootstep added by :func:`setup` and
   by every ``LockedTask``, refuses to start a worker with bad settings or
   task options, connects the main-process cleanup, and has the worker say
-  how it is set up (:mod:`.startup`).
+  how it is set up (:mod:`..startup`).
 - The cleanup receivers free the locks of task processes that died (a hard
   time limit, ``revoke(terminate=True)``, a crashed pool process) and their
   concurrency slots by the owner's task id, instead of leaving them until
   their ttl runs out; a
   revoked message that never ran frees its queued singleton the same way.
-  The worker's request class that calls them is :mod:`.request`, which
+  The worker's request class that calls them is :mod:`.cleanup_request`, which
   only workers load.
 """
 
@@ -35,20 +35,13 @@ from typing import Any
 from celery import bootsteps
 from celery import signals as celery_signals
 
-from ._layout import QUEUED
-from .config import (
-    Settings,
-    enabled_for,
-    in_user_terms,
-    policy_for,
-    redlock_for,
-    settings_for,
-)
-from .copies import delivery_name, mark_ended
-from .errors import ConfigurationError
-from .overrides import guard_send_task
+from .._layout import QUEUED
+from ..copies import delivery_name, mark_ended
+from ..errors import ConfigurationError
+from .call_overrides import guard_send_task
 from .policies import TaskPolicy
-from .publication import watch_beat
+from .publish import watch_beat
+from .settings import Settings, enabled_for, in_user_terms, policy_for, redlock_for, settings_for
 from .task_table import StartupRefused, apply_entries, check_entries, watch_registrations
 
 __all__ = [
@@ -154,7 +147,7 @@ class RedlockStartupCheck(bootsteps.Step):  # type: ignore[misc]
             )
             return
         connect_cleanup()
-        from .startup import report  # with the admin API it reads through: workers only
+        from ..startup import report  # with the admin API it reads through: workers only
 
         report(app, missing_tasks=missing)
 

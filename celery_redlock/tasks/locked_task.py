@@ -9,9 +9,9 @@
             store(page, fencing_token=self.lock.fencing_token)
 
 The class holds the options (checked when the task is bound to its app) and
-hands each run to a :class:`~celery_redlock.run.TaskRun` (in the worker, or
+hands each run to a :class:`~celery_redlock.tasks.run.TaskRun` (in the worker, or
 eagerly: ``apply()``, ``task_always_eager``) and each publish to a
-:class:`~celery_redlock.publication.Publication`.
+:class:`~celery_redlock.tasks.publish.Publication`.
 
 Two ways skip all of that and run the body as a plain function:
 
@@ -23,7 +23,7 @@ Two ways skip all of that and run the body as a plain function:
   publishes as a plain Celery task and no Redis is contacted (an
   application's own tests). When the task's process
 dies (hard time limit, revoke with terminate, a crashed pool process) the
-worker's main process frees its locks (:mod:`.hooks`); if the whole worker
+worker's main process frees its locks (:mod:`.app_setup`); if the whole worker
 dies, they expire within their ttl.
 
 An eager run started inside a run that holds the same run lock on the same
@@ -40,25 +40,25 @@ from typing import Any
 from celery import Task
 from celery._state import _task_stack
 
-from . import _clock
-from . import overrides as call_overrides
-from ._templates import KeySource, task_arguments
-from .config import enabled_for, policy_for, settings_for
-from .errors import ConfigurationError
-from .lock.redlock import Lock
-from .lock.renewal import heartbeat
+from .. import _clock
+from ..errors import ConfigurationError
+from ..lock.redlock import Lock
+from ..lock.renewal import heartbeat
+from . import call_overrides as call_overrides
+from .key_templates import KeySource, task_arguments
 from .options import OPTION_NAMES, check_attributes
 from .policies import TaskPolicy
-from .publication import Publication, watch_beat
+from .publish import Publication, watch_beat
 from .run import TaskRun
+from .settings import enabled_for, policy_for, settings_for
 
 __all__ = ["LockedTask"]
 
 #: The worker bootstep that checks the settings at start-up and frees the
-#: locks of task processes that died (:class:`celery_redlock.hooks.RedlockStartupCheck`).
+#: locks of task processes that died (:class:`celery_redlock.tasks.app_setup.RedlockStartupCheck`).
 #: Named by its import path, as Celery names the classes it loads, so that the
 #: task class does not import the app wiring, which imports it.
-STARTUP_STEP = "celery_redlock.hooks:RedlockStartupCheck"
+STARTUP_STEP = "celery_redlock.tasks.app_setup:RedlockStartupCheck"
 
 #: Task options Celery reads from the task without declaring them on ``Task``
 #: (``celery.app.autoretry``); Celery fills ``Task.from_config`` names in at bind.
@@ -85,8 +85,8 @@ class LockedTask(Task):  # type: ignore[misc]
     """
 
     #: The worker's request class (main process): frees the locks of a run
-    #: whose pool process died (see :class:`celery_redlock.request.CleanupRequest`).
-    Request = "celery_redlock.request:CleanupRequest"
+    #: whose pool process died (see :class:`celery_redlock.tasks.cleanup_request.CleanupRequest`).
+    Request = "celery_redlock.tasks.cleanup_request:CleanupRequest"
 
     #: ``str.format`` template over the task's arguments (``"sync:{user_id}"``),
     #: or a callable ``(args, kwargs) -> str``; ``None``: one run at a time per task.
@@ -109,7 +109,7 @@ class LockedTask(Task):  # type: ignore[misc]
     #: Take a run lock at all (default: yes, unless the task only asks for a
     #: singleton or a rate limit and names no ``lock_key``).
     lock_enabled: bool | None = None
-    #: One queued-or-running copy per task and arguments (see :mod:`.singleton`).
+    #: One queued-or-running copy per task and arguments (see :mod:`..singleton`).
     singleton: bool | None = None
     #: Template or callable naming the singleton instead of the argument hash.
     singleton_key: KeySource = None
@@ -119,14 +119,14 @@ class LockedTask(Task):  # type: ignore[misc]
     on_duplicate: str | None = None
     #: Beat publishes this close together (seconds) are one tick (default 0.5):
     #: two beat processes on one schedule publish once (an interval entry's
-    #: ticks are also one per interval: see :mod:`.publication`).
+    #: ticks are also one per interval: see :mod:`.publish`).
     singleton_beat_window: float | None = None
     #: ``"one"`` (default): one queued-or-running copy; ``"queued"``: one running
-    #: copy plus at most one queued follow-up (see :mod:`.followup`).
+    #: copy plus at most one queued follow-up (see :mod:`..followup`).
     singleton_mode: str | None = None
     #: Seconds: a burst of publishes for one key runs once, this long after the
     #: last publish, with its arguments; earlier copies end superseded (see
-    #: :mod:`.debounce`).
+    #: :mod:`..debounce`).
     debounce: float | None = None
     #: Template or callable naming the debounce key (default: the task name).
     debounce_key: KeySource = None
@@ -145,7 +145,7 @@ class LockedTask(Task):  # type: ignore[misc]
     on_rate_limited: str | None = None
     #: ``"sliding"`` (default: never more than the limit in any window of one
     #: period, bursts allowed), ``"gcra"`` (evenly spaced) or ``"fixed"``
-    #: (up to twice the limit across a window's edge); see :mod:`.ratelimit`.
+    #: (up to twice the limit across a window's edge); see :mod:`..ratelimit`.
     rate_limit_algorithm: str | None = None
     #: Units one run takes in each limit (default 1), or a callable
     #: ``(args, kwargs) -> int`` (an API call that costs more than one unit).
@@ -223,7 +223,7 @@ class LockedTask(Task):  # type: ignore[misc]
         Returns the queued task's ``AsyncResult`` for a duplicate singleton
         (``on_duplicate="return"``) instead of queueing another copy.
         ``redlock={option: value}`` overrides some options for this call
-        (see :mod:`celery_redlock.overrides`)::
+        (see :mod:`celery_redlock.tasks.call_overrides`)::
 
             sync_user.apply_async((42,), redlock={"lock_timeout": 5})
 

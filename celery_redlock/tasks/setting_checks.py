@@ -9,7 +9,7 @@ writes its own message for these kinds of value.
 
 ``None`` means "not set" everywhere in the integration and is handled by the
 caller (it picks the default), never by a validator. :func:`seconds` and
-:func:`positive_int` are those of :mod:`._validators`, shared with the lock
+:func:`positive_int` are those of :mod:`.._validators`, shared with the lock
 and the rate limiter.
 """
 
@@ -21,12 +21,12 @@ from typing import Any, TypeAlias, TypeVar
 
 import redis
 
-from ._validators import positive_int, seconds
-from .errors import ConfigurationError
-from .lock.semaphore import MAX_LIMIT as MAX_SLOTS
-from .ratelimit.algorithms import Algorithm, check_algorithm
-from .ratelimit.limit import MAX_LIMITS
-from .ratelimit.rates import DynamicRate, Rate, parse_rate, rate_source
+from .._validators import positive_int, seconds
+from ..errors import ConfigurationError
+from ..lock.semaphore import MAX_LIMIT as MAX_SLOTS
+from ..ratelimit.algorithms import Algorithm, check_algorithm
+from ..ratelimit.limit import MAX_LIMITS
+from ..ratelimit.rates import DynamicRate, Rate, parse_rate, rate_source
 
 __all__ = [
     "Cost",

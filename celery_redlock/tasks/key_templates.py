@@ -14,9 +14,9 @@ from typing import Any
 
 from kombu import serialization
 
-from ._layout import glob_escape
-from ._spelling import closest
-from .errors import ConfigurationError
+from .._layout import glob_escape
+from ..errors import ConfigurationError
+from .misspelling import closest
 
 __all__ = ["ArgumentPlan", "KeySource", "KeyTemplate", "as_delivered", "task_arguments"]
 

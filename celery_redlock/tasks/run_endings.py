@@ -5,7 +5,7 @@ with a growing backoff that never spends ``max_retries``, or skipped, or
 fails, as ``on_lock_busy`` says; a duplicate singleton ends as a duplicate;
 a copy whose twin (same task id) still runs is re-queued behind it; a copy
 of a run that already ended is dropped; unreachable lock nodes re-queue the
-run. :class:`RunSetbacks` holds these for :class:`~celery_redlock.run.TaskRun`,
+run. :class:`RunSetbacks` holds these for :class:`~celery_redlock.tasks.run.TaskRun`,
 which inherits them; each one either returns (nothing to do) or ends the run
 by raising.
 """
@@ -21,13 +21,13 @@ from celery import Task, states
 from celery.exceptions import Ignore
 from celery.utils.dispatch import Signal
 
-from . import signals
-from .config import redlock_for
-from .copies import finished, held_at_most
-from .errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
-from .lock.redlock import Lock
+from .. import signals
+from ..copies import finished, held_at_most
+from ..errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
+from ..lock.redlock import Lock
+from ..transport.failure_text import short_error
 from .policies import ConcurrencyPolicy, LockPolicy, TaskPolicy
-from .transport.failure_text import short_error
+from .settings import redlock_for
 
 __all__ = [
     "BUSY_BACKOFF_MAX",
@@ -93,7 +93,7 @@ class Taken:
 
 
 class RunSetbacks:
-    """The ways a :class:`~celery_redlock.run.TaskRun` ends without running its body."""
+    """The ways a :class:`~celery_redlock.tasks.run.TaskRun` ends without running its body."""
 
     task: Any
     request: Any

@@ -33,13 +33,13 @@ from typing import Any
 
 from celery.exceptions import CeleryCommandException
 
+from ..errors import ConfigurationError
 from . import options as task_options
-from ._spelling import closest
-from ._templates import task_arguments
-from .config import in_user_terms, settings_for
-from .errors import ConfigurationError
+from .key_templates import task_arguments
+from .locked_task import LockedTask
+from .misspelling import closest
 from .policies import TaskPolicy
-from .task import LockedTask
+from .settings import in_user_terms, settings_for
 
 __all__ = [
     "StartupRefused",

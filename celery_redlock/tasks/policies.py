@@ -15,19 +15,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._layout import period_key
+from .._validators import MAX_TTL
+from ..errors import ConfigurationError
+from ..ratelimit import Algorithm, Limit
+from ..ratelimit.algorithms import check_rate_for
+from ..ratelimit.rates import DynamicRate, Rate
+from ..singleton import debounce_name, queued_name, singleton_key
 from . import options as task_options
-from ._layout import period_key
-from ._templates import ArgumentPlan, KeyTemplate
-from ._validation import Cost, RateEntry
-from ._validators import MAX_TTL
-from .errors import ConfigurationError
-from .ratelimit import Algorithm, Limit
-from .ratelimit.algorithms import check_rate_for
-from .ratelimit.rates import DynamicRate, Rate
-from .singleton import debounce_name, queued_name, singleton_key
+from .key_templates import ArgumentPlan, KeyTemplate
+from .setting_checks import Cost, RateEntry
 
 if TYPE_CHECKING:
-    from .config import Settings
+    from .settings import Settings
 
 __all__ = [
     "ConcurrencyPolicy",
@@ -83,7 +83,7 @@ class SingletonPolicy:
     #: run has already finished; keep it below the schedule's interval.
     beat_window: float
     #: ``"one"`` (one queued-or-running copy) or ``"queued"`` (one running
-    #: copy plus at most one queued follow-up: see :mod:`.followup`).
+    #: copy plus at most one queued follow-up: see :mod:`..followup`).
     mode: str = "one"
 
     def name(self, task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -444,7 +444,7 @@ class TaskPolicy:
     def with_values(self, values: Mapping[str, Any]) -> TaskPolicy:
         """The policy with checked option values in place (a call's overrides, app defaults).
 
-        Takes the options a call may override (see :mod:`.overrides`); a value
+        Takes the options a call may override (see :mod:`.call_overrides`); a value
         for a feature the task does not have changes nothing.
         """
         lock, singleton, rate = self.lock, self.singleton, self.rate

@@ -12,7 +12,7 @@ from typing import Any
 from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 
-from .hooks import cleanup_logger, free_by_owner, request_owner
+from .app_setup import cleanup_logger, free_by_owner, request_owner
 
 __all__ = ["CleanupRequest"]
 

@@ -15,9 +15,9 @@ user's own). The rule for the latter, :func:`unknown_option`, refuses a name
 that is
 
 1. another lock library's option (``once``, ``unique_on``, ``lock_expiry``,
-   ``heimdall``...; see :mod:`._peers`), with what to write instead;
+   ``heimdall``...; see :mod:`.other_library_options`), with what to write instead;
 2. a guess at an option (``lock``, ``locked``, ``unique``, ...);
-3. a misspelling of an option (:func:`celery_redlock._spelling.resembles`:
+3. a misspelling of an option (:func:`celery_redlock.tasks.misspelling.resembles`:
    one edit away, two for long names, or its words in another order);
 4. or starts like one (:data:`RESERVED_PREFIXES`: ``lock_``, ``singleton``,
    ``rate_limit_``, ...);
@@ -30,7 +30,7 @@ An option whose default comes from ``app.conf`` names that setting
 ``redlock_singleton_ttl``, ``on_duplicate`` to ``redlock_on_duplicate``, in
 the way Celery's ``Task.from_config`` fills task attributes); the fallback is
 applied once per app, by :meth:`TaskPolicy.resolve
-<celery_redlock.policies.TaskPolicy.resolve>`, and the option's own default
+<celery_redlock.tasks.policies.TaskPolicy.resolve>`, and the option's own default
 holds where the setting is unset too.
 """
 
@@ -41,13 +41,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, get_args
 
-from . import _validation as check
-from ._peers import PEER_OPTIONS
-from ._peers import hint as peer_hint
-from ._spelling import LONG_NAME, closest, normal, resembles
-from ._validators import MAX_TTL
-from .errors import ConfigurationError
-from .ratelimit import Algorithm
+from .._validators import MAX_TTL
+from ..errors import ConfigurationError
+from ..ratelimit import Algorithm
+from . import setting_checks as check
+from .misspelling import LONG_NAME, closest, normal, resembles
+from .other_library_options import PEER_OPTIONS
+from .other_library_options import hint as peer_hint
 
 __all__ = [
     "ALGORITHMS",
@@ -99,7 +99,7 @@ class TaskOption:
 
 def _key_source(value: Any, option: str) -> Any:
     # A template is checked against the task's signature when its policy is
-    # built (celery_redlock._templates); here it only passes through.
+    # built (celery_redlock.tasks.key_templates); here it only passes through.
     return value
 
 

@@ -35,14 +35,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigurationError
 from . import options as task_options
-from ._peers import PEER_CALL_OPTIONS, call_hint
-from ._spelling import closest
-from .errors import ConfigurationError
+from .misspelling import closest
+from .other_library_options import PEER_CALL_OPTIONS, call_hint
 from .policies import TaskPolicy
 
 if TYPE_CHECKING:
-    from .config import Settings
+    from .settings import Settings
 
 __all__ = [
     "CALL_OPTIONS",

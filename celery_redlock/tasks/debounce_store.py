@@ -13,10 +13,10 @@ from typing import Any
 import redis
 from redis.exceptions import ResponseError
 
-from ._layout import debounce_record
-from ._scripts import load
-from .errors import DebounceUnavailable
-from .transport.nodes import Call, Node, NodeFailure, fan_out
+from .._layout import debounce_record
+from .._scripts import load
+from ..errors import DebounceUnavailable
+from ..transport.nodes import Call, Node, NodeFailure, fan_out
 
 __all__ = ["STORE_TIMEOUT", "DebounceStore", "Verdict"]
 
