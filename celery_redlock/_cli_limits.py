@@ -16,9 +16,9 @@ import click
 from ._cli_common import BadConfiguration, Session, duration, json_option, table
 from .admin import LimitUse
 from .errors import ConfigurationError, RateLimiterUnavailable
-from .rategate import PUBLISH_BUDGET
 from .ratelimit import Algorithm
 from .ratelimit.rates import Rate, parse_rate
+from .tasks.features.rate_limit import PUBLISH_BUDGET
 from .tasks.options import ALGORITHMS
 
 __all__ = ["limits"]

@@ -15,7 +15,7 @@ cite it in their headers. Keys, for a ``key_prefix`` of ``"redlock:"``::
     redlock:fence:<n>           fencing bucket n (0 to 1023), shared by every
                                 name whose CRC-32 is n modulo 1024
     redlock:done:<task id>      a run of that task id ended (short-lived; see
-                                celery_redlock/copies.py)
+                                celery_redlock/tasks/features/redelivery.py)
     redlock:{delivery:<task id>}  a lock: a run of that task id waits or runs
                                 (copies.delivery_name)
     redlock:rate:{<key>}:<alg>       a rate limit's state under one algorithm

@@ -26,9 +26,9 @@ from redis.exceptions import RedisError
 
 from .._layout import RateKeys, period_key
 from ..errors import RateLimiterUnavailable
-from ..rategate import PUBLISH_BUDGET
 from ..ratelimit import ALGORITHMS, Algorithm, Limit, RateLimiter, RateOverride
 from ..ratelimit.rates import DynamicRate, Rate
+from ..tasks.features.rate_limit import PUBLISH_BUDGET
 from ..tasks.misspelling import closest
 from ..tasks.policies import TaskLimit, TaskPolicy
 from ..tasks.settings import Settings

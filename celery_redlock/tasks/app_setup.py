@@ -36,9 +36,9 @@ from celery import bootsteps
 from celery import signals as celery_signals
 
 from .._layout import QUEUED
-from ..copies import delivery_name, mark_ended
 from ..errors import ConfigurationError
 from .call_overrides import guard_send_task
+from .features.redelivery import delivery_name, mark_ended
 from .policies import TaskPolicy
 from .publish import watch_beat
 from .settings import Settings, enabled_for, in_user_terms, policy_for, redlock_for, settings_for

@@ -1,4 +1,4 @@
-"""Debounce records on one Redis: the store behind :mod:`celery_redlock.debounce`.
+"""Debounce records on one Redis: the store behind :mod:`celery_redlock.tasks.features.debounce`.
 
 One script call per publish (``debounce_publish.lua``), per run
 (``debounce_check.lua``) and per publish taken back (``debounce_withdraw.lua``);

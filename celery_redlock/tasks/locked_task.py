@@ -109,7 +109,7 @@ class LockedTask(Task):  # type: ignore[misc]
     #: Take a run lock at all (default: yes, unless the task only asks for a
     #: singleton or a rate limit and names no ``lock_key``).
     lock_enabled: bool | None = None
-    #: One queued-or-running copy per task and arguments (see :mod:`..singleton`).
+    #: One queued-or-running copy per task and arguments (see :mod:`.features.singleton`).
     singleton: bool | None = None
     #: Template or callable naming the singleton instead of the argument hash.
     singleton_key: KeySource = None
@@ -122,11 +122,11 @@ class LockedTask(Task):  # type: ignore[misc]
     #: ticks are also one per interval: see :mod:`.publish`).
     singleton_beat_window: float | None = None
     #: ``"one"`` (default): one queued-or-running copy; ``"queued"``: one running
-    #: copy plus at most one queued follow-up (see :mod:`..followup`).
+    #: copy plus at most one queued follow-up (see :mod:`.features.queued_singleton`).
     singleton_mode: str | None = None
     #: Seconds: a burst of publishes for one key runs once, this long after the
     #: last publish, with its arguments; earlier copies end superseded (see
-    #: :mod:`..debounce`).
+    #: :mod:`.features.debounce`).
     debounce: float | None = None
     #: Template or callable naming the debounce key (default: the task name).
     debounce_key: KeySource = None

@@ -21,8 +21,8 @@ from ..errors import ConfigurationError
 from ..ratelimit import Algorithm, Limit
 from ..ratelimit.algorithms import check_rate_for
 from ..ratelimit.rates import DynamicRate, Rate
-from ..singleton import debounce_name, queued_name, singleton_key
 from . import options as task_options
+from .features.singleton import debounce_name, queued_name, singleton_key
 from .key_templates import ArgumentPlan, KeyTemplate
 from .setting_checks import Cost, RateEntry
 
@@ -83,7 +83,7 @@ class SingletonPolicy:
     #: run has already finished; keep it below the schedule's interval.
     beat_window: float
     #: ``"one"`` (one queued-or-running copy) or ``"queued"`` (one running
-    #: copy plus at most one queued follow-up: see :mod:`..followup`).
+    #: copy plus at most one queued follow-up: see :mod:`.features.queued_singleton`).
     mode: str = "one"
 
     def name(self, task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:

@@ -3,7 +3,7 @@
 ``apply_async`` (and so ``delay`` and beat) goes through a
 :class:`Publication` when the task is a singleton or has a global rate
 limit. A beat publish over the rate limit is not sent (beat would only log
-an error): it is counted in a budget of its own (:mod:`..rategate`), apart
+an error): it is counted in a budget of its own (:mod:`.features.rate_limit`), apart
 from the count made when the run starts. A singleton publish takes the
 singleton lock for the new task id first, and a duplicate gets the queued
 task's ``AsyncResult`` back (or :class:`~celery_redlock.errors.DuplicateTask`).
@@ -32,15 +32,16 @@ from celery import signals as celery_signals
 from celery.schedules import schedule as interval_schedule
 from celery.utils import uuid
 
-from .. import debounce, signals
+from .. import signals
 from .._layout import BEAT, QUEUED, LockValue
-from .._preview import call_text
-from .._preview import drop as drop_preview
-from .._preview import store as store_preview
 from ..errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
 from ..lock.redlock import Lock
-from ..rategate import RateGate
-from ..singleton import beat_interval_name, beat_tick_name, seconds_held, task_id_of
+from .features import debounce
+from .features.rate_limit import RateGate
+from .features.singleton import beat_interval_name, beat_tick_name, seconds_held, task_id_of
+from .features.singleton_call_text import call_text
+from .features.singleton_call_text import drop as drop_preview
+from .features.singleton_call_text import store as store_preview
 from .key_templates import as_delivered
 from .policies import SingletonPolicy, TaskPolicy
 from .settings import redlock_for
@@ -270,7 +271,7 @@ class Publication:
         chord, a chain's step, a call with ``link``/``link_error``) is sent all
         the same: the canvas waits for a result under its own task id, and
         what follows it must run, which the worker sees to once the holder has
-        ended (:mod:`..copies`).
+        ended (:mod:`.features.redelivery`).
         """
         task = self.task
         singleton = self.policy.singleton

@@ -3,13 +3,13 @@
 A :class:`TaskRun` carries what the run needs -- the task, its request, its
 resolved policy, the call's arguments and the locks it holds -- the way
 Celery's own ``Request`` carries a delivery. It goes through, in order: the
-twin check, the debounce check (:mod:`..debounce`), a look at the global
+twin check, the debounce check (:mod:`.features.debounce`), a look at the global
 rate limit (so a limited run is re-queued before it touches a lock), the
-delivery lock of a run that may wait and have copies (:mod:`..copies`), the
+delivery lock of a run that may wait and have copies (:mod:`.features.redelivery`), the
 singleton lock (taken over from the publisher; in ``"queued"`` mode see
-:mod:`..followup`), the run lock, a slot of the concurrency limit
-(:mod:`..concurrency`), and the rate limit's count (so only a run that starts
-spends a unit: see :mod:`..rategate`); then the task body; then it releases
+:mod:`.features.queued_singleton`), the run lock, a slot of the concurrency limit
+(:mod:`.features.concurrency_limit`), and the rate limit's count (so only a run that starts
+spends a unit: see :mod:`.features.rate_limit`); then the task body; then it releases
 what it holds, on every way out: return, exception,
 ``self.retry()`` (before the retry is published), ``Ignore``, ``Reject``,
 soft time limit.
@@ -18,7 +18,7 @@ A message delivered again while a copy with the same task id still runs (a
 Redis broker's ``visibility_timeout``, ``acks_late`` after a lost worker) is
 never run beside it and never overwrites its result: it is put back on the
 queue for when the lock's ttl has run out. A copy that comes after its twin
-ended is dropped (:mod:`..copies`), and so is a duplicate singleton in a
+ended is dropped (:mod:`.features.redelivery`), and so is a duplicate singleton in a
 canvas once the copy that ran has ended, with that copy's result.
 
 The ways a run ends without running its body (busy lock or full limit,
@@ -40,11 +40,16 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from .. import _clock, debounce, followup, signals
+from .. import _clock, signals
 from .._layout import QUEUED, LockValue
-from .._preview import drop as drop_preview
-from ..concurrency import SlotGate
-from ..copies import (
+from ..errors import QuorumUnavailable
+from ..lock.renewal import HeldLock, heartbeat
+from ..lock.semaphore import Semaphore
+from .features import debounce
+from .features import queued_singleton as followup
+from .features.concurrency_limit import SlotGate
+from .features.rate_limit import RateGate
+from .features.redelivery import (
     DONE_TTL_FACTOR,
     WINNER_HEADER,
     delivery_name,
@@ -56,11 +61,8 @@ from ..copies import (
     redelivered,
     stand_in,
 )
-from ..errors import QuorumUnavailable
-from ..lock.renewal import HeldLock, heartbeat
-from ..lock.semaphore import Semaphore
-from ..rategate import RateGate
-from ..singleton import queued_marker, task_id_of
+from .features.singleton import queued_marker, task_id_of
+from .features.singleton_call_text import drop as drop_preview
 from .policies import LockPolicy, TaskPolicy
 from .run_endings import BUSY_BACKOFF_MAX, BUSY_HEADER, TWIN_HEADER, RunSetbacks, busy_countdown
 from .settings import redlock_for
@@ -102,7 +104,7 @@ class TaskRun(RunSetbacks):
         #: concurrency slot (a :class:`Semaphore` slot, renewed like a lock).
         self.held: list[HeldLock] = []
         #: The lock on this task id held while the run waits and runs, if it
-        #: takes one (see :mod:`..copies`); released after the others.
+        #: takes one (see :mod:`.features.redelivery`); released after the others.
         self.delivery: HeldLock | None = None
         #: The run lock of an eager run whose caller, on this thread, holds it:
         #: the run goes on under the caller's hold, and never releases it.

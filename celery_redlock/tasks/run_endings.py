@@ -22,10 +22,10 @@ from celery.exceptions import Ignore
 from celery.utils.dispatch import Signal
 
 from .. import signals
-from ..copies import finished, held_at_most
 from ..errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
 from ..lock.redlock import Lock
 from ..transport.failure_text import short_error
+from .features.redelivery import finished, held_at_most
 from .policies import ConcurrencyPolicy, LockPolicy, TaskPolicy
 from .settings import redlock_for
 

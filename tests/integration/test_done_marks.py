@@ -8,7 +8,7 @@ import pytest
 from celery import Celery, states
 
 from celery_redlock import Redlock
-from celery_redlock.copies import finished, mark_done
+from celery_redlock.tasks.features.redelivery import finished, mark_done
 from celery_redlock.testing import ServerGroup
 
 

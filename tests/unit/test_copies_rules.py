@@ -10,7 +10,12 @@ from celery import Celery
 from celery.app.task import Context
 
 from celery_redlock._layout import done_key, lock_name
-from celery_redlock.copies import held_at_most, in_canvas, leaves_mark, redelivered
+from celery_redlock.tasks.features.redelivery import (
+    held_at_most,
+    in_canvas,
+    leaves_mark,
+    redelivered,
+)
 
 
 def app_with(**transport: Any) -> Celery:

@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from celery_redlock.debounce import _delay
+from celery_redlock.tasks.features.debounce import _delay
 from celery_redlock.tasks.key_templates import ArgumentPlan
 from celery_redlock.tasks.policies import TaskPolicy
 

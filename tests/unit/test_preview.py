@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from celery_redlock._layout import PREVIEW_CHARS, ArgsPreview, LockValue, lock_keys
-from celery_redlock._preview import call_text
+from celery_redlock.tasks.features.singleton_call_text import call_text
 
 
 class TestArgumentText:

@@ -14,7 +14,7 @@ from celery.exceptions import MaxRetriesExceededError
 
 from celery_redlock import LockedTask, setup, signals
 from celery_redlock.errors import ConfigurationError, DuplicateTask
-from celery_redlock.singleton import canonical_hash
+from celery_redlock.tasks.features.singleton import canonical_hash
 from celery_redlock.tasks.settings import policy_for, redlock_for
 from celery_redlock.testing import RedisServer
 
@@ -253,7 +253,7 @@ def test_revoking_a_queued_singleton_frees_it(app: Celery, lock_nodes: list[Redi
 
 
 def task_singleton_key(task: Any, n: int) -> str:
-    from celery_redlock.singleton import singleton_key
+    from celery_redlock.tasks.features.singleton import singleton_key
 
     return singleton_key(task._redlock_policy.singleton, task.name, (n,), {})
 

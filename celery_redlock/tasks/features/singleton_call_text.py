@@ -20,9 +20,9 @@ import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._layout import PREVIEW_CHARS, ArgsPreview
-from .lock.redlock import Redlock
-from .transport.nodes import Command, fan_out
+from ..._layout import PREVIEW_CHARS, ArgsPreview
+from ...lock.redlock import Redlock
+from ...transport.nodes import Command, fan_out
 
 __all__ = ["call_text", "drop", "store"]
 

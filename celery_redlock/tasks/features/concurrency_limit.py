@@ -21,16 +21,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NoReturn
 
-from . import _clock, signals
-from ._layout import LockValue
-from .errors import QuorumUnavailable
-from .lock.renewal import HeldLock, heartbeat
-from .tasks.policies import ConcurrencyPolicy
-from .tasks.run_endings import Taken
-from .tasks.settings import redlock_for
+from ... import _clock, signals
+from ..._layout import LockValue
+from ...errors import QuorumUnavailable
+from ...lock.renewal import HeldLock, heartbeat
+from ..policies import ConcurrencyPolicy
+from ..run_endings import Taken
+from ..settings import redlock_for
 
 if TYPE_CHECKING:
-    from .tasks.run import TaskRun
+    from ..run import TaskRun
 
 __all__ = ["SlotGate"]
 

@@ -55,14 +55,14 @@ from celery import states
 from celery.exceptions import Ignore
 from celery.utils import uuid
 
-from . import signals
-from .errors import DebounceUnavailable, RedlockError, Superseded
-from .tasks.settings import debounce_store_for as store_for
+from ... import signals
+from ...errors import DebounceUnavailable, RedlockError, Superseded
+from ..settings import debounce_store_for as store_for
 
 if TYPE_CHECKING:
-    from .tasks.policies import DebouncePolicy
-    from .tasks.publish import Publication
-    from .tasks.run import TaskRun
+    from ..policies import DebouncePolicy
+    from ..publish import Publication
+    from ..run import TaskRun
 
 __all__ = ["DEBOUNCE_HEADER", "UNAVAILABLE_RETRY", "admit", "publish"]
 

@@ -41,16 +41,16 @@ import logging
 import random
 from typing import TYPE_CHECKING, NoReturn
 
-from . import signals
-from ._layout import QUEUED, LockValue
-from ._preview import drop as drop_preview
-from .errors import LockNotAcquired, QuorumUnavailable
-from .lock.renewal import HeldLock
+from ... import signals
+from ..._layout import QUEUED, LockValue
+from ...errors import LockNotAcquired, QuorumUnavailable
+from ...lock.renewal import HeldLock
+from ..settings import redlock_for
 from .singleton import queued_marker, queued_name, task_id_of
-from .tasks.settings import redlock_for
+from .singleton_call_text import drop as drop_preview
 
 if TYPE_CHECKING:
-    from .tasks.run import TaskRun
+    from ..run import TaskRun
 
 __all__ = ["FOLLOW_UP_POLL", "take_running"]
 

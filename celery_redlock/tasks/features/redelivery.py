@@ -3,7 +3,7 @@
 **Re-delivery.** A Redis or SQS broker delivers an unacknowledged message
 again after its ``visibility_timeout`` (``acks_late``, or a message a worker
 holds for its ``eta``), with the same task id. A copy delivered while its
-twin runs is re-queued behind it (:mod:`.tasks.run`); a copy delivered after the
+twin runs is re-queued behind it (:mod:`..run`); a copy delivered after the
 twin ended must not run at all, or it runs the body a second time and
 overwrites the twin's result. So:
 
@@ -45,7 +45,7 @@ freezes a task id for each; the second copy must end with a result or
 ``group.get()`` and the chord wait forever. So must a duplicate that is a
 chain's step or carries ``link``/``link_error``, or the rest of the chain
 never runs and ``chain(...).get()`` waits forever. Its publish is not suppressed
-(:mod:`.tasks.publish`); in the worker the copy finds the singleton held by
+(:mod:`..publish`); in the worker the copy finds the singleton held by
 the other id, and is re-queued (:data:`WINNER_HEADER`) until that run has
 ended: it then ends with the winner's return value, or fails with
 :class:`~celery_redlock.errors.DuplicateTask` if the winner did not succeed
@@ -61,15 +61,15 @@ from typing import Any, NoReturn
 from celery import states
 from celery.exceptions import Ignore
 
-from . import signals
-from ._layout import done_key, ended_key
-from .errors import DuplicateTask
-from .lock.quorum import failed, reply
-from .lock.redlock import Redlock
+from ... import signals
+from ..._layout import done_key, ended_key
+from ...errors import DuplicateTask
+from ...lock.quorum import failed, reply
+from ...lock.redlock import Redlock
+from ...transport.nodes import Command, fan_out
+from ..policies import TaskPolicy
+from ..settings import redlock_for
 from .singleton import seconds_held, task_id_of
-from .tasks.policies import TaskPolicy
-from .tasks.settings import redlock_for
-from .transport.nodes import Command, fan_out
 
 __all__ = [
     "DONE_TTL_FACTOR",

@@ -35,11 +35,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._layout import QUEUED, LockValue
-from .errors import ConfigurationError
+from ..._layout import QUEUED, LockValue
+from ...errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from .lock.redlock import Redlock
+    from ...lock.redlock import Redlock
 
 __all__ = [
     "beat_interval_name",

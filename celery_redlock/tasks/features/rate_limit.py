@@ -3,7 +3,7 @@
 One rule holds for every task with a ``global_rate_limit``, whoever
 published its runs (``delay``, ``send_task``, beat, canvas, retries): a run
 is counted in the limit's budget at the moment it *starts*, never before.
-So :class:`RateGate` is asked twice in the worker (:class:`~.tasks.run.TaskRun`):
+So :class:`RateGate` is asked twice in the worker (:class:`~..run.TaskRun`):
 
 1. :meth:`RateGate.screen`, before any lock is taken, only *looks*
    (``peek``): a run the limit would refuse now is re-queued without having
@@ -43,12 +43,12 @@ from celery.exceptions import Ignore
 from celery.result import EagerResult
 from celery.utils import uuid
 
-from . import signals
-from .errors import RateLimited, RateLimiterUnavailable
-from .ratelimit import Limit, RateLimitDecision
-from .tasks.policies import RatePolicy
-from .tasks.settings import limiter_for
-from .transport.failure_text import short_error
+from ... import signals
+from ...errors import RateLimited, RateLimiterUnavailable
+from ...ratelimit import Limit, RateLimitDecision
+from ...transport.failure_text import short_error
+from ..policies import RatePolicy
+from ..settings import limiter_for
 
 __all__ = ["LIMITER_DOWN_RETRY", "PUBLISH_BUDGET", "RateGate", "Requeue"]
 
@@ -67,7 +67,7 @@ Requeue = Callable[[float, BaseException], NoReturn]
 class RateGate:
     """The global rate limits of one call of a task, and the units it takes.
 
-    Example (what :class:`~.tasks.run.TaskRun` does)::
+    Example (what :class:`~..run.TaskRun` does)::
 
         gate = RateGate(task, policy.rate, args, kwargs)
         gate.screen(request, requeue)      # before the locks: look
