@@ -41,7 +41,7 @@ from ._cli_common import (
 )
 from ._cli_limits import limits
 from .admin import CheckReport, LockView, ReleaseOutcome
-from .admin.health import persistence
+from .admin.node_health import persistence
 
 __all__ = ["redlock"]
 

@@ -27,18 +27,7 @@ from ..lock.redlock import Redlock
 from ..ratelimit import Algorithm, RateLimiter, RateOverride
 from ..ratelimit.rates import Rate
 from ..tasks.settings import Settings, settings_for
-from ._access import NodeClient, OpenNode, lock_nodes, open_node
 from .check import CheckReport, Finding, run_check
-from .health import NodeHealth, ping, probe
-from .limits import (
-    LimitUse,
-    RateView,
-    TaskRateLimit,
-    rate_overview,
-    rate_view,
-    task_limits,
-    task_uses,
-)
 from .locks import (
     LockListing,
     LockView,
@@ -48,6 +37,17 @@ from .locks import (
     force_release,
     list_locks,
     release_owned,
+)
+from .node_access import NodeClient, OpenNode, lock_nodes, open_node
+from .node_health import NodeHealth, ping, probe
+from .rate_limits import (
+    LimitUse,
+    RateView,
+    TaskRateLimit,
+    rate_overview,
+    rate_view,
+    task_limits,
+    task_uses,
 )
 
 __all__ = [

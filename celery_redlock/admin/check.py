@@ -19,7 +19,7 @@ from ..errors import ConfigurationError, RateLimiterUnavailable
 from ..tasks.policies import TaskPolicy
 from ..tasks.settings import DEFAULT_NODE, Settings, in_user_terms, node_fallback, unknown_settings
 from ..tasks.task_table import check_entry, entry_policy, unknown_task
-from .health import NodeHealth
+from .node_health import NodeHealth
 
 if TYPE_CHECKING:
     from . import Admin

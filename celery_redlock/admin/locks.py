@@ -11,7 +11,7 @@ from redis.exceptions import RedisError
 
 from .._layout import ArgsPreview, LockValue, lock_name, lock_pattern
 from ..lock.redlock import Redlock
-from ._access import lock_nodes
+from .node_access import lock_nodes
 from .semaphores import SemaphoreView, list_semaphores
 
 __all__ = [

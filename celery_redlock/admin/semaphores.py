@@ -9,7 +9,7 @@ from redis.exceptions import RedisError
 
 from .._layout import LockValue, semaphore_keys, semaphore_name, semaphore_pattern
 from ..lock.redlock import Redlock
-from ._access import lock_nodes
+from .node_access import lock_nodes
 
 __all__ = ["SemaphoreView", "SlotHolder", "list_semaphores"]
 

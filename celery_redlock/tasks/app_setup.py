@@ -17,7 +17,7 @@ This module is all the app wiring there is:
 - :class:`RedlockStartupCheck`, a worker bootstep added by :func:`setup` and
   by every ``LockedTask``, refuses to start a worker with bad settings or
   task options, connects the main-process cleanup, and has the worker say
-  how it is set up (:mod:`..startup`).
+  how it is set up (:mod:`..admin.startup_notice`).
 - The cleanup receivers free the locks of task processes that died (a hard
   time limit, ``revoke(terminate=True)``, a crashed pool process) and their
   concurrency slots by the owner's task id, instead of leaving them until
@@ -117,7 +117,7 @@ class RedlockStartupCheck(bootsteps.Step):  # type: ignore[misc]
     ``redlock_tasks`` and resolves every task's options against the
     settings (a lock ttl too short for ``redlock_node_timeout`` is refused
     here, once, not at each run). Then logs what the worker runs with
-    (:func:`celery_redlock.startup.report`): the nodes and whether a quorum
+    (:func:`celery_redlock.admin.startup_notice.report`): the nodes and whether a quorum
     answers, unknown ``redlock_*`` settings, a fallback to the default node,
     and ``redlock_tasks`` entries whose task is still unknown.
     """
@@ -147,7 +147,9 @@ class RedlockStartupCheck(bootsteps.Step):  # type: ignore[misc]
             )
             return
         connect_cleanup()
-        from ..startup import report  # with the admin API it reads through: workers only
+        from ..admin.startup_notice import (
+            report,  # with the admin API it reads through: workers only
+        )
 
         report(app, missing_tasks=missing)
 

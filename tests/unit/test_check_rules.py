@@ -16,7 +16,7 @@ from celery_redlock.admin.check import (
     settings_findings,
     task_findings,
 )
-from celery_redlock.admin.health import persistence
+from celery_redlock.admin.node_health import persistence
 from celery_redlock.tasks.settings import Settings
 
 SETTINGS = Settings(nodes=("redis://127.0.0.1:1/0",))

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from celery_redlock.admin.startup_notice import notices
 from celery_redlock.errors import QuorumUnavailable, RateLimiterUnavailable
-from celery_redlock.startup import notices
 from celery_redlock.tasks import settings as config
 from celery_redlock.tasks.settings import KNOWN_SETTINGS, Settings, node_fallback, unknown_settings
 from celery_redlock.transport.commands import NodeFailure

@@ -107,7 +107,7 @@ LAZY_IMPORTS = {
         "errors imports nothing, so this breaks no cycle; to move to the top of "
         "heartbeat.py when that module is next changed"
     ),
-    ("celery_redlock.tasks.app_setup", "celery_redlock.startup"): (
+    ("celery_redlock.tasks.app_setup", "celery_redlock.admin.startup_notice"): (
         "the start-up report reads through the admin API: loaded by the worker's bootstep "
         "only, so that a process that only publishes loads no operator tool"
     ),
@@ -177,7 +177,7 @@ LONG_MODULES = {
         "one job, the RateLimiter class: its public methods each decide, read or change "
         "state through one script call and one fail-over path"
     ),
-    "celery_redlock.admin.limits": (
+    "celery_redlock.admin.rate_limits": (
         "one job, rate limits as data for the admin API: views, task limits and their "
         "use, with their JSON forms"
     ),

@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 from .. import _clock
 from ..lock.redlock import Redlock
 from ..transport.nodes import Command, NodeFailure, fan_out
-from ._access import NodeClient
+from .node_access import NodeClient
 
 __all__ = ["NodeHealth", "persistence", "ping", "probe"]
 

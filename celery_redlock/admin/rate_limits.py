@@ -33,7 +33,7 @@ from ..tasks.misspelling import closest
 from ..tasks.policies import TaskLimit, TaskPolicy
 from ..tasks.settings import Settings
 from ..tasks.task_table import entry_policy
-from ._access import NodeClient
+from .node_access import NodeClient
 
 __all__ = [
     "LimitUse",

@@ -20,10 +20,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from .admin import Admin
-from .errors import RedlockError
-from .tasks.settings import DEFAULT_NODE, node_fallback, unknown_settings
-from .tasks.task_table import unknown_task
+from ..errors import RedlockError
+from ..tasks.settings import DEFAULT_NODE, node_fallback, unknown_settings
+from ..tasks.task_table import unknown_task
+from . import Admin
 
 __all__ = ["PROBE_TIMEOUT", "nodes_line", "notices", "report"]
 
