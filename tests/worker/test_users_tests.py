@@ -28,8 +28,8 @@ from celery_redlock.errors import (
     RateLimiterUnavailable,
 )
 from celery_redlock.tasks import settings as config
-from celery_redlock.testconf import redlock_settings
 from celery_redlock.testing import RedisServer, ServerGroup, free_port
+from celery_redlock.testing.temporary_settings import redlock_settings
 
 from .support import in_process_worker
 

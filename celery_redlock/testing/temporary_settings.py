@@ -1,0 +1,71 @@
+"""An app's ``redlock_*`` settings for the length of a test.
+
+::
+
+    from celery_redlock.testing.temporary_settings import redlock_settings
+
+    with redlock_settings(app, enabled=False):          # LockedTasks run as plain tasks
+        assert sync_user.delay(42).get() == ...
+
+    with redlock_settings(app, nodes=[fakeredis.FakeRedis()]):
+        ...
+
+Settings are named without their ``redlock_`` prefix. On the way in and on
+the way out, what celery_redlock cached for the app (checked settings,
+resolved task options, connections) is dropped, so the next task call reads
+the settings in force; the values the app had before the block come back on
+the way out. Works with any configuration source, Django's
+``CELERY_``-namespaced settings included: the values given here take
+precedence over the source for the length of the block.
+
+The pytest plugin (:mod:`celery_redlock.testing.pytest_plugin`) is built on this;
+Django's test runner can use it directly (see ``docs/django.md``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import ConfigurationError
+from ..tasks.settings import SETTING_NAMES, forget
+
+__all__ = ["redlock_settings"]
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def redlock_settings(app: Any, **settings: Any) -> Iterator[Any]:
+    """Give ``app`` these ``redlock_*`` settings inside the block; yields the app.
+
+    ``None`` stands for "unset": the setting's default applies
+    (``rate_limit_url=None`` puts rate-limit counters on the first lock node).
+
+    Raises:
+        ConfigurationError: a name that is not a celery_redlock setting.
+    """
+    names = {f"redlock_{name}": value for name, value in settings.items()}
+    unknown = sorted(set(names) - set(SETTING_NAMES))
+    if unknown:
+        raise ConfigurationError(
+            "redlock_settings",
+            f"unknown setting(s) {', '.join(name.removeprefix('redlock_') for name in unknown)}; "
+            f"known: {', '.join(name.removeprefix('redlock_') for name in SETTING_NAMES)}",
+        )
+    app.conf.get("redlock_nodes")  # loads a pending configuration: app.conf is final now
+    changes = app.conf.changes
+    saved = {name: changes.get(name, _MISSING) for name in names}
+    forget(app)
+    try:
+        for name, value in names.items():
+            app.conf[name] = value
+        yield app
+    finally:
+        for name, value in saved.items():
+            if value is _MISSING:
+                changes.pop(name, None)
+            else:
+                changes[name] = value
+        forget(app)
