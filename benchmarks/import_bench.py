@@ -42,7 +42,7 @@ began = time.perf_counter()
 exec({line!r})
 took = time.perf_counter() - began
 new = set(sys.modules) - before
-tools = ("celery_redlock.admin", "celery_redlock.cli", "celery_redlock.contrib",
+tools = ("celery_redlock.admin", "celery_redlock.cli.commands", "celery_redlock.contrib",
          "celery_redlock.demo", "celery_redlock.testing")
 print(json.dumps({{
     "seconds": took,

@@ -3,7 +3,7 @@
 What ``celery redlock`` shows, without a terminal: every call returns
 dataclasses (each with ``as_dict()`` for JSON) and raises
 :class:`~celery_redlock.errors.ConfigurationError` for bad settings. The
-command line (:mod:`celery_redlock.cli`) only renders them.
+command line (:mod:`celery_redlock.cli.commands`) only renders them.
 
 Example::
 

@@ -21,7 +21,7 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
 from celery_redlock import Redlock, signals
-from celery_redlock.cli import redlock as redlock_command
+from celery_redlock.cli.commands import redlock as redlock_command
 from celery_redlock.tasks.settings import limiter_for, redlock_for
 from celery_redlock.testing import RedisServer
 

@@ -1,6 +1,6 @@
 """``celery redlock limits``: rate limits and their use now, and overrides, from a shell.
 
-The command of :mod:`.cli` that reads and changes rate limits through
+The command of :mod:`.commands` that reads and changes rate limits through
 :class:`~celery_redlock.admin.Admin`; it prints a table, or JSON with ``--json``.
 """
 
@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import click
 
-from ._cli_common import BadConfiguration, Session, duration, json_option, table
-from .admin import LimitUse
-from .errors import ConfigurationError, RateLimiterUnavailable
-from .ratelimit import Algorithm
-from .ratelimit.rates import Rate, parse_rate
-from .tasks.features.rate_limit import PUBLISH_BUDGET
-from .tasks.options import ALGORITHMS
+from ..admin import LimitUse
+from ..errors import ConfigurationError, RateLimiterUnavailable
+from ..ratelimit import Algorithm
+from ..ratelimit.rates import Rate, parse_rate
+from ..tasks.features.rate_limit import PUBLISH_BUDGET
+from ..tasks.options import ALGORITHMS
+from .session import BadConfiguration, Session, duration, json_option, table
 
 __all__ = ["limits"]
 

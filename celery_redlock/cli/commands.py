@@ -17,8 +17,8 @@ flag. Exit status: 0 on success, 1 when too few nodes answered (or a prompt
 was declined), 2 for bad ``redlock_*`` settings.
 
 This module holds the group and the lock commands (``locks``, ``release``,
-``check``); the ``limits`` command is :mod:`._cli_limits`, and what they
-share (session, exit statuses, tables) is :mod:`._cli_common`. Each only
+``check``); the ``limits`` command is :mod:`.limits_command`, and what they
+share (session, exit statuses, tables) is :mod:`.session`. Each only
 renders what :class:`~celery_redlock.admin.Admin` returns as data.
 """
 
@@ -31,17 +31,10 @@ from typing import Any, TypeVar
 import click
 from celery.bin.base import handle_preload_options
 
-from ._cli_common import (
-    EXIT_CONFIG,
-    EXIT_UNAVAILABLE,
-    Session,
-    duration,
-    json_option,
-    table,
-)
-from ._cli_limits import limits
-from .admin import CheckReport, LockView, ReleaseOutcome
-from .admin.node_health import persistence
+from ..admin import CheckReport, LockView, ReleaseOutcome
+from ..admin.node_health import persistence
+from .limits_command import limits
+from .session import EXIT_CONFIG, EXIT_UNAVAILABLE, Session, duration, json_option, table
 
 __all__ = ["redlock"]
 

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 import click
 
-from .admin import Admin
-from .errors import ConfigurationError
+from ..admin import Admin
+from ..errors import ConfigurationError
 
 __all__ = [
     "EXIT_CONFIG",
@@ -67,6 +67,7 @@ class Session:
         return click.style(text, **styles)
 
     def close(self) -> None:
+        """Close the admin's connections."""
         self.admin.close()
 
 
