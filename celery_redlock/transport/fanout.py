@@ -3,8 +3,8 @@
 :func:`fan_out` queues each node's commands on that node's shared
 :class:`~.connection.Link` and waits for the replies. All the links of the
 process are read by one caller at a time, the *leader*: whichever caller is
-waiting first polls every link with one ``poll`` call (``select`` under
-eventlet, which removes ``poll``), parses what comes in
+waiting first polls every link with one ``poll`` call (an epoll waited
+for cooperatively under eventlet, which removes ``poll``), parses what comes in
 and hands each reply to the caller it belongs to; the others sleep on an
 event until their replies are in or their deadline passes. When the leader's
 own replies are in, it hands the role to a waiting caller and returns. A
@@ -581,40 +581,42 @@ class _Hub:
             event.clear()
 
 
-class _SelectPoller:
-    """``select.poll``'s interface over ``select.select``.
+class _GreenPoller:
+    """``select.poll``'s interface where eventlet's monkey-patching removed ``poll``.
 
-    For a process that has no ``poll``: eventlet's monkey-patching (``celery
-    worker -P eventlet``) removes it and leaves a cooperative ``select``.
-    Only the events the hub asks for are reported: an error or a hang-up
-    shows as readable (and writable), as ``select`` reports it.
+    The descriptors go to an epoll of the unpatched ``select`` module, and
+    the green thread waits for that epoll's one descriptor with eventlet's
+    cooperative ``select``, then reads what is ready without waiting.
+    Never several descriptors to that ``select``: when two are ready at once,
+    eventlet's hub calls each one's callback, the later ones after the first
+    has returned from ``select``, switching back into the green thread
+    wherever it waits by then (a ``GreenThread.wait()`` returned while the
+    thread it waited for still ran). One poll per poller, as the hub makes
+    them: the epoll is closed after it.
     """
 
     def __init__(self) -> None:
-        self.readers: list[int] = []
-        self.writers: list[int] = []
+        from eventlet.patcher import original  # poll is gone only under eventlet
+
+        self.epoll = original("select").epoll()
 
     def register(self, fd: int, events: int) -> None:
-        if events & POLLIN:
-            self.readers.append(fd)
-        if events & POLLOUT:
-            self.writers.append(fd)
+        self.epoll.register(fd, events)
 
     def poll(self, timeout_ms: int) -> list[tuple[int, int]]:
-        readable, writable, _ = select.select(self.readers, self.writers, [], timeout_ms / 1000)
-        ready = dict.fromkeys(readable, POLLIN)
-        for fd in writable:
-            ready[fd] = ready.get(fd, 0) | POLLOUT
-        return list(ready.items())
+        with self.epoll:
+            if select.select([self.epoll], [], [], timeout_ms / 1000)[0]:
+                return list(self.epoll.poll(0))
+            return []
 
 
 def _poller() -> Any:
-    """A poller for the hub: ``select.poll``, or :class:`_SelectPoller` where it is gone.
+    """A poller for the hub: ``select.poll``, or :class:`_GreenPoller` where it is gone.
 
     Chosen at each call: monkey-patching may happen after this module is imported.
     """
     poll = getattr(select, "poll", None)
-    return _SelectPoller() if poll is None else poll()
+    return _GreenPoller() if poll is None else poll()
 
 
 _hub: _Hub | None = None

@@ -2,7 +2,9 @@
 
 Usage: python _eventlet_lock.py URL URL URL
 Prints one JSON line: the operations of 50 green threads that succeeded, the
-failures, and how long a blocked waiter took to get a released lock.
+failures, how long a blocked waiter took to get a released lock and how its
+green thread ended, and how often the fan-out's poll woke its green thread
+again after it had returned.
 """
 
 import eventlet
@@ -11,10 +13,15 @@ eventlet.monkey_patch()
 
 import json  # noqa: E402
 import select  # noqa: E402
+import socket  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+import traceback  # noqa: E402
 
-from celery_redlock import Redlock  # noqa: E402
+from eventlet.event import Event  # noqa: E402
+
+from celery_redlock import Redlock, _fanout  # noqa: E402
+from celery_redlock._link import POLLIN  # noqa: E402
 
 #: A waiter that had to poll would sleep at least half of this before looking again.
 RETRY_DELAY = 30.0
@@ -50,18 +57,25 @@ def main() -> None:
     holder = redlock.lock("e:handoff", ttl=60.0)
     assert holder.acquire(blocking=False)
     got: list[float] = []
+    ended: list[str] = []
 
     def wait() -> None:
         waiter = redlock.lock("e:handoff", ttl=60.0)
-        if waiter.acquire(timeout=RETRY_DELAY / 3):
-            got.append(time.monotonic())
-            waiter.release()
+        try:
+            if waiter.acquire(timeout=RETRY_DELAY / 3):
+                got.append(time.monotonic())
+                waiter.release()
+            ended.append("returned")
+        except BaseException as exc:  # reported, not lost in the green thread
+            ended.append("".join(traceback.format_exception(exc)))
 
     waiter = eventlet.spawn(wait)
     eventlet.sleep(0.5)  # the waiter tried, found it held, and listens
     released = time.monotonic()
     holder.release()
     waiter.wait()
+    if not waiter.dead:
+        ended.append("still running when waiter.wait() returned")
     print(
         json.dumps(
             {
@@ -69,10 +83,36 @@ def main() -> None:
                 "done": len(done),
                 "failures": failures[:20],
                 "handoff": got[0] - released if got else None,
+                "waiter": ended,
+                "stray_wakeups": stray_wakeups(),
             }
         )
     )
     redlock.close()
+
+
+def stray_wakeups(rounds: int = 20) -> int:
+    """How many times the fan-out's poll switched back into its green thread after returning.
+
+    Two descriptors ready at once (two nodes' replies, a reply and the hub's
+    wake-up pipe): the poll returns, then the green thread waits for an
+    event that nothing sets, which only a stray switch ends early.
+    """
+    strays = 0
+    for _ in range(rounds):
+        pairs = [socket.socketpair() for _ in range(2)]
+        poller = _fanout._poller()
+        for ours, theirs in pairs:
+            theirs.send(b"+OK\r\n")
+            poller.register(ours.fileno(), POLLIN)
+        assert poller.poll(1000)
+        with eventlet.Timeout(0.05, False):
+            Event().wait()
+            strays += 1
+        for pair in pairs:
+            for end in pair:
+                end.close()
+    return strays
 
 
 if __name__ == "__main__":

@@ -118,8 +118,9 @@ def test_each_thread_gets_its_own_replies_from_whoever_reads_them(servers):
 
 
 def test_the_lock_under_eventlet(servers):
-    # eventlet's monkey-patching removes select.poll: the fan-out falls back
-    # to select.select, and a released lock still reaches its waiter at once.
+    # eventlet's monkey-patching removes select.poll: the fan-out waits
+    # cooperatively on one epoll descriptor instead, and a released lock
+    # still reaches its waiter at once.
     nodes = list(servers)[:3]
     done = subprocess.run(
         [sys.executable, str(EVENTLET_LOCK), *(node.url for node in nodes)],
@@ -133,6 +134,11 @@ def test_the_lock_under_eventlet(servers):
     assert found["patched"] is True
     assert found["failures"] == []
     assert found["done"] == 50 * 5
+    # The poll never switches back into a green thread once it has
+    # returned: that woke the main green thread's waiter.wait() while the
+    # waiter was still inside acquire().
+    assert found["stray_wakeups"] == 0
+    assert found["waiter"] == ["returned"], found["waiter"]
     # Woken by the release: a waiter that polled would sleep 15 s or more.
     assert found["handoff"] is not None, done.stderr[-3000:]
     assert found["handoff"] < 10.0, (found["handoff"], done.stderr[-3000:])
