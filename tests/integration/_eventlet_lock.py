@@ -20,8 +20,9 @@ import traceback  # noqa: E402
 
 from eventlet.event import Event  # noqa: E402
 
-from celery_redlock import Redlock, _fanout  # noqa: E402
-from celery_redlock._link import POLLIN  # noqa: E402
+from celery_redlock import Redlock  # noqa: E402
+from celery_redlock.transport import fanout as _fanout  # noqa: E402
+from celery_redlock.transport.connection import POLLIN  # noqa: E402
 
 #: A waiter that had to poll would sleep at least half of this before looking again.
 RETRY_DELAY = 30.0
