@@ -54,12 +54,10 @@ from .features.redelivery import (
     WINNER_HEADER,
     delivery_name,
     ended_by_worker,
-    in_canvas,
     leaves_mark,
     look_at_winner,
     mark_done,
     redelivered,
-    stand_in,
 )
 from .features.singleton import queued_marker, task_id_of
 from .features.singleton_call_text import drop as drop_preview
@@ -228,13 +226,6 @@ class TaskRun(RunSetbacks):
             if holder_id == self.request.id and self.request.id:
                 self.requeue_behind_twin(key, lock)
             if lock_policy is None:
-                if (
-                    busy is None
-                    and holder_id
-                    and in_canvas(self.request)
-                    and not self.request.called_directly
-                ):
-                    stand_in(task, self.request, self.policy, key, holder_id)
                 (busy or self.end_as_duplicate)(key, holder_id)
             self.on_busy(lock_policy, key, waited)
         held = heartbeat().hold(

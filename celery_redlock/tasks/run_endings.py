@@ -25,7 +25,7 @@ from .. import signals
 from ..errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
 from ..lock.redlock import Lock
 from ..transport.failure_text import short_error
-from .features.redelivery import finished, held_at_most
+from .features.redelivery import finished, held_at_most, in_canvas, stand_in
 from .policies import ConcurrencyPolicy, LockPolicy, TaskPolicy
 from .settings import redlock_for
 
@@ -188,14 +188,17 @@ class RunSetbacks:
     def end_as_duplicate(self, key: str, holder_id: str | None) -> NoReturn:
         """A singleton run found another copy queued or running: end as a duplicate.
 
-        The copy is not run. Unless it is the holder's own twin (same task
-        id, whose result must stay the holder's) or the holder cannot be
-        told (``holder_id`` ``None``: perhaps that twin), its result becomes a
-        failure with :class:`DuplicateTask` naming the holder, so that
-        ``result.get()`` on a copy sent with ``send_task`` raises instead of
-        waiting forever.
+        The copy is not run. A copy in a canvas waits for the holder's result
+        and ends with it (:func:`~.copies.stand_in`). Otherwise, unless it is
+        the holder's own twin (same task id, whose result must stay the
+        holder's) or the holder cannot be told (``holder_id`` ``None``:
+        perhaps that twin), its result becomes a failure with
+        :class:`DuplicateTask` naming the holder, so that ``result.get()`` on
+        a copy sent with ``send_task`` raises instead of waiting forever.
         """
         task, request = self.task, self.request
+        if holder_id and in_canvas(request) and not request.called_directly:
+            stand_in(task, request, self.policy, key, holder_id)
         signals.duplicate_suppressed.send(sender=task, task_id=holder_id, key=key, where="worker")
         logger.info("task %s: duplicate of singleton %s (%r); not run", request.id, holder_id, key)
         duplicate = DuplicateTask(

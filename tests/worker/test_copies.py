@@ -76,6 +76,14 @@ def add_tasks(app: Celery) -> None:
     def waiting(self: Any, n: int, duration: float) -> str:
         return body(self, f"waiting:{n}", duration)
 
+    @task(name="c.single_queued", singleton=True, singleton_mode="queued")
+    def single_queued(self: Any, n: int) -> str:
+        # Runs until the test lets it end: one "go" per run.
+        what = f"single_queued:{n}"
+        client.incr(f"runs:{what}")
+        client.blpop([f"go:{what}"], timeout=60)
+        return f"{what}/{uuid.uuid4().hex}"
+
     @app.task(shared=False, name="c.collect")
     def collect(values: list[str]) -> list[str]:
         client.rpush("collected", *values)
@@ -370,9 +378,11 @@ def test_revoking_a_singleton_with_a_countdown_frees_it_for_the_next_publish(
 
 
 @pytest.mark.parametrize("how", ["chain", "link"])
-def test_a_duplicate_singleton_step_runs_what_follows_it(app: Celery, how: str) -> None:
+@pytest.mark.parametrize("mode", ["one", "queued"])
+def test_a_duplicate_singleton_step_runs_what_follows_it(
+    app: Celery, deliveries: Deliveries, how: str, mode: str
+) -> None:
     add_tasks(app)
-    single = app.tasks["c.single"]
     client = app.witness.client  # type: ignore[attr-defined]
 
     @app.task(shared=False, name="c.after")
@@ -381,15 +391,36 @@ def test_a_duplicate_singleton_step_runs_what_follows_it(app: Celery, how: str) 
         return f"after {value}"
 
     with in_process_worker(app, "threads"):
-        first = single.delay(6, 1.0)
-        # Published while the first is queued or running: a duplicate, which
-        # ends with the first's value once it has ended, and what follows runs.
-        if how == "chain":
-            tail = chain(single.si(6, 1.0), after.s()).apply_async()
+        if mode == "one":
+            single, what, args = app.tasks["c.single"], "single:6", (6, 1.0)
+            first = single.delay(*args)
         else:
-            duplicate = single.apply_async((6, 1.0), link=after.s())
-            assert duplicate.id != first.id
+            single, what, args = app.tasks["c.single_queued"], "single_queued:6", (6,)
+            running = single.delay(*args)
+            deadline = time.monotonic() + 60
+            while runs(app, what) < 1:
+                assert time.monotonic() < deadline, "the first copy never started"
+                time.sleep(0.05)
+            # Published while a copy runs: the follow-up, which holds the key.
+            first = single.delay(*args)
+            assert first.id != running.id
+        # Published while the first is queued (or running, in mode "one"): a
+        # duplicate, which ends with the first's value once it has ended, and
+        # what follows runs.
+        if how == "chain":
+            tail = chain(single.si(*args), after.s()).apply_async()
+            duplicate = tail.parent
+        else:
+            duplicate = single.apply_async(args, link=after.s())
             tail = None
+        assert duplicate.id != first.id
+        if mode == "queued":
+            # The duplicate came up while the follow-up still waited.
+            deadline = time.monotonic() + 60
+            while not any(tid == duplicate.id for tid, _, _ in deliveries.ended):
+                assert time.monotonic() < deadline, "the duplicate never came up"
+                time.sleep(0.05)
+            client.rpush(f"go:{what}", "running", "follow-up")
         value = first.get(timeout=60)
         if tail is not None:
             assert tail.get(timeout=60) == f"after {value}"
@@ -398,4 +429,4 @@ def test_a_duplicate_singleton_step_runs_what_follows_it(app: Celery, how: str) 
             assert time.monotonic() < deadline, "the step after the duplicate never ran"
             time.sleep(0.05)
     assert [item.decode() for item in client.lrange("after", 0, -1)] == [value]
-    assert runs(app, "single:6") == 1
+    assert runs(app, what) == (1 if mode == "one" else 2)

@@ -46,8 +46,9 @@ freezes a task id for each; the second copy must end with a result or
 chain's step or carries ``link``/``link_error``, or the rest of the chain
 never runs and ``chain(...).get()`` waits forever. Its publish is not suppressed
 (:mod:`..publish`); in the worker the copy finds the singleton held by
-the other id, and is re-queued (:data:`WINNER_HEADER`) until that run has
-ended: it then ends with the winner's return value, or fails with
+the other id (in ``"queued"`` mode: the follow-up's key, by the copy that
+waits as the follow-up), and is re-queued (:data:`WINNER_HEADER`) until that
+run has ended: it then ends with the winner's return value, or fails with
 :class:`~celery_redlock.errors.DuplicateTask` if the winner did not succeed
 (:func:`winner_outcome`).
 """
@@ -56,6 +57,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from celery import states
@@ -69,7 +71,7 @@ from ...lock.redlock import Redlock
 from ...transport.nodes import Command, fan_out
 from ..policies import TaskPolicy
 from ..settings import redlock_for
-from .singleton import seconds_held, task_id_of
+from .singleton import queued_name, seconds_held, task_id_of
 
 __all__ = [
     "DONE_TTL_FACTOR",
@@ -215,7 +217,7 @@ def in_canvas(request: Any) -> bool:
 
 
 def stand_in(task: Any, request: Any, policy: TaskPolicy, key: str, holder_id: str) -> NoReturn:
-    """A duplicate singleton in a group or chord: end with the holder's result, later.
+    """A duplicate singleton in a canvas: end with the result of ``holder_id``, later.
 
     Its task id was frozen by the canvas, which waits for a result under it.
     With ``on_duplicate="raise"`` it fails now with :class:`DuplicateTask`;
@@ -244,9 +246,12 @@ def look_at_winner(
     Returns ``(True, value)`` to end with the winner's value, ``(False,
     None)`` to run as a singleton of its own (the winner is gone).
     """
-    assert policy.singleton is not None
-    key = policy.singleton.name(task.name, args, kwargs)
-    ended, value = winner_outcome(task, redlock_for(task.app), key, winner)
+    singleton = policy.singleton
+    assert singleton is not None
+    key = singleton.name(task.name, args, kwargs)
+    # In "queued" mode the winner may still wait as the follow-up.
+    names = (key, queued_name(key)) if singleton.mode == "queued" else (key,)
+    ended, value = winner_outcome(task, redlock_for(task.app), names, winner)
     if ended:
         logger.info("task %s: ends with the result of singleton %s", request.id, winner)
         return True, value
@@ -279,14 +284,16 @@ def _wait_for_winner(
     raise Ignore()
 
 
-def winner_outcome(task: Any, redlock: Redlock, key: str, winner: str) -> tuple[bool, Any]:
-    """What a canvas copy waiting for ``winner`` does now.
+def winner_outcome(
+    task: Any, redlock: Redlock, names: Sequence[str], winner: str
+) -> tuple[bool, Any]:
+    """What a canvas copy waiting for ``winner``, which held one of singleton ``names``, does now.
 
     Returns ``(True, value)`` when the winner succeeded: the copy ends with
-    its value. Returns ``(False, seconds)`` while the winner is still queued
-    or running (or its result is on its way): wait that long. Returns
-    ``(False, None)`` when the winner is gone without a result: the copy runs
-    as a singleton of its own.
+    its value. Returns ``(False, seconds)`` while the winner still holds one
+    of ``names`` (queued, waiting as the follow-up, or running), or its
+    result is on its way: wait that long. Returns ``(False, None)`` when the
+    winner is gone without a result: the copy runs as a singleton of its own.
 
     Raises:
         DuplicateTask: the winner ended without succeeding.
@@ -297,15 +304,16 @@ def winner_outcome(task: Any, redlock: Redlock, key: str, winner: str) -> tuple[
         return True, meta.get("result")
     if state in states.READY_STATES:
         raise DuplicateTask(
-            f"task {task.name!r}: singleton {key!r} ran as task {winner}, which ended in {state}",
+            f"task {task.name!r}: singleton {names[0]!r} ran as task {winner}, "
+            f"which ended in {state}",
             task_name=task.name,
             task_id=winner,
-            key=key,
+            key=names[0],
         )
-    entries = [entry for entry in redlock.inspect(key) if isinstance(entry, tuple)]
-    holders = {task_id_of(value) for value, _ in entries if value}
-    if winner in holders:
-        return False, max(ttl for _, ttl in entries)
+    for name in names:
+        entries = [entry for entry in redlock.inspect(name) if isinstance(entry, tuple)]
+        if winner in {task_id_of(value) for value, _ in entries if value}:
+            return False, max(ttl for _, ttl in entries)
     if finished(task, redlock, winner):
         return False, 0.2  # ended; its result is being stored
     return False, None
