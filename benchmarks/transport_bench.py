@@ -114,7 +114,7 @@ class LeanNodes:
 def calls_for(key: str) -> tuple[Call, Call]:
     token = secrets.token_hex(16)
     acquire = Call(ACQUIRE, (key, key + ":fence"), (token, TTL_MS, FENCE_MS, ""))
-    return acquire, Call(RELEASE, (key,), (token, ""))
+    return acquire, Call(RELEASE, (key, key + ":args"), (token, ""))
 
 
 def lean_pair(urls: Sequence[str]) -> tuple[Callable[[str], None], Callable[[], None]]:

@@ -130,6 +130,7 @@ class Lock(Lease):
         self.key = keys.lock
         self._fence_key = keys.fence
         self._channel = keys.released
+        self._args_key = keys.args
         self._mutex = threading.RLock()
         self._value: str | None = None
         self._valid_until = 0.0
@@ -502,7 +503,8 @@ class Lock(Lease):
         nodes = redlock.nodes
         if on is not None and not on:
             return Tally(nodes=0, quorum=redlock.quorum)
-        call = Call(_RELEASE, (self.key,), (value, self._channel if notify else ""), late_ok=True)
+        keys = (self.key, self._args_key)
+        call = Call(_RELEASE, keys, (value, self._channel if notify else ""), late_ok=True)
         calls = [[call] if on is None or index in on else [] for index in range(len(nodes))]
         results = fan_out(nodes, calls, redlock.node_timeout, enough=majority_held(redlock.quorum))
         tally = Tally.of(nodes, results, redlock.quorum, asked=sum(map(len, calls)))

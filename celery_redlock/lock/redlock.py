@@ -390,7 +390,8 @@ class Redlock:
                 calls.append(Call(_SEM_RELEASE, lock.keys.all, args, late_ok=True))
             else:
                 lock._forget()
-                calls.append(Call(_RELEASE, (lock.key,), (value, lock._channel), late_ok=True))
+                keys = (lock.key, lock._args_key)
+                calls.append(Call(_RELEASE, keys, (value, lock._channel), late_ok=True))
         if len(calls) > 2:
             fan_out(self.nodes, [calls] * len(self.nodes), self.node_timeout)
 

@@ -40,7 +40,6 @@ from .features import debounce
 from .features.rate_limit import RateGate
 from .features.singleton import beat_interval_name, beat_tick_name, seconds_held, task_id_of
 from .features.singleton_call_text import call_text
-from .features.singleton_call_text import drop as drop_preview
 from .features.singleton_call_text import store as store_preview
 from .key_templates import as_delivered
 from .policies import SingletonPolicy, TaskPolicy
@@ -212,8 +211,7 @@ class Publication:
             return self._publish()
         except BaseException:
             if lock is not None:
-                drop_preview(redlock, key)
-                lock.release()
+                lock.release()  # and the preview with it
             raise
 
     def _beat_interval(self, singleton: SingletonPolicy, key: str) -> float | None:

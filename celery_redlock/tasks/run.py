@@ -60,7 +60,6 @@ from .features.redelivery import (
     redelivered,
 )
 from .features.singleton import queued_marker, task_id_of
-from .features.singleton_call_text import drop as drop_preview
 from .policies import LockPolicy, TaskPolicy
 from .run_endings import BUSY_BACKOFF_MAX, BUSY_HEADER, TWIN_HEADER, RunSetbacks, busy_countdown
 from .settings import redlock_for
@@ -309,8 +308,6 @@ class TaskRun(RunSetbacks):
                     return
             except QuorumUnavailable:
                 logger.warning("singleton %r could not be handed back to its retry", lock.name)
-        if held.singleton_ttl:
-            drop_preview(lock.redlock, lock.name)
         if not lock.release() and not held.lost:
             # Gone before its release (deleted, taken over, expired between
             # renewals): the run's work may have overlapped another holder's.

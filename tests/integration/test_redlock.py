@@ -105,6 +105,38 @@ def test_second_owner_cannot_release_or_extend_a_held_lock(servers, make_redlock
     assert holder.release() is True
 
 
+def test_a_release_deletes_the_lock_s_preview_only_while_it_holds_the_lock(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    preview = redlock.keys("k").args
+    first = redlock.lock("k", ttl=5.0)
+    assert first.acquire(blocking=False)
+    for node in nodes:
+        with node.client() as client:
+            client.set(preview, "first|(1,)", px=60_000)
+    assert first.release() is True
+    # Deleted with the lock, in the same script call.
+    for node in nodes:
+        with node.client() as client:
+            assert client.exists(preview) == 0
+    # A release that no longer holds the lock leaves the holder's preview.
+    stale = redlock.lock("k", ttl=5.0)
+    assert stale.acquire(blocking=False)
+    token = stale._value
+    stale.release()
+    holder = redlock.lock("k", ttl=5.0)
+    assert holder.acquire(blocking=False)
+    for node in nodes:
+        with node.client() as client:
+            client.set(preview, "holder|(2,)", px=60_000)
+    stale._value, stale._valid_until = token, time.monotonic() + 5
+    assert stale.release() is False
+    for node in nodes:
+        with node.client() as client:
+            assert client.get(preview) == b"holder|(2,)"
+    assert holder.release() is True
+
+
 def test_expiry_frees_the_lock_and_the_expired_owner_loses_it(servers, make_redlock):
     # A ttl longer than a scheduling delay: the lock is held when acquired.
     redlock = make_redlock(servers[:3], node_timeout=0.3)

@@ -567,7 +567,7 @@ def test_a_connection_sends_each_script_source_once(servers):
         batch += [
             Command(("ECHO", str(n))),
             Call(_EXTEND, (key,), ("v", 5000, "1")),  # absent: placed (2)
-            Call(_RELEASE, (key,), ("v", "")),  # deleted (1)
+            Call(_RELEASE, (key, f"{key}:args"), ("v", "")),  # deleted (1)
         ]
         expected += [str(n).encode(), 2, 1]
     single = [Call(_EXTEND, ("once:single",), ("v", 5000, "0"))]

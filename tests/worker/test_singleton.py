@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -465,4 +466,29 @@ def test_no_argument_preview_outlives_its_run(make_app: Any, lock_nodes: list[Re
     assert preview_keys(lock_nodes) == []
     eager = make_app(task_always_eager=True)
     assert eager.tasks["t.single"].delay(40, 0.05).get(timeout=30)
+    assert preview_keys(lock_nodes) == []
+
+
+def round_trips(client: Any) -> int:
+    """Requests the node has read from its clients, this look included (``total_reads_processed``).
+
+    A call, a script call or a pipeline sent at once is one read: one round trip.
+    """
+    return int(client.info("stats")["total_reads_processed"])
+
+
+def test_a_singleton_run_drops_its_preview_in_its_release(
+    make_app: Any, lock_nodes: list[RedisServer]
+) -> None:
+    eager = make_app(task_always_eager=True)
+    single = eager.tasks["t.single"]
+    single.delay(41, 0.0).get(timeout=30)  # connections open, scripts loaded
+    with contextlib.ExitStack() as stack:
+        looks = [stack.enter_context(node.client()) for node in lock_nodes]
+        before = [round_trips(client) for client in looks]
+        assert single.delay(42, 0.0).get(timeout=30)
+        after = [round_trips(client) for client in looks]
+    # Per node: the publish's lock and its preview, the run's takeover and
+    # its release, which deletes the preview too (and one for the look).
+    assert [a - b - 1 for a, b in zip(after, before, strict=True)] == [4] * len(lock_nodes)
     assert preview_keys(lock_nodes) == []

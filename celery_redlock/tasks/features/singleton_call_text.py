@@ -4,13 +4,15 @@ When a publish takes a singleton lock, the call (``(42, 'full', force=True)``,
 shortened to :data:`~celery_redlock._layout.PREVIEW_CHARS`) is written to
 the lock's ``:args`` key on every lock node, with the ttl the lock was
 written with, so that an operator can see what a queued or running
-singleton is about. It is written after the lock and dropped before the lock
-is freed (the run ended, the publish failed, the follow-up of the
-``"queued"`` mode started), by the holder: no key is left per call once its
-run is over. Both are best effort: a node that does not answer only lacks
-the text, or keeps it until its ttl. Arguments Celery would hide hide
-here too: ``apply_async(..., argsrepr=..., kwargsrepr=...)`` are used in
-place of the arguments, as in Celery's own logs and events.
+singleton is about. It is written after the lock, and deleted with it by
+the release script (``release.lua``) when the holder frees the lock (the run
+ended, the publish failed), in the same call and only where the caller still
+held it: no key is left per call once its run is over, at no extra round
+trip. The follow-up of the ``"queued"`` mode drops its publish's text when it
+starts. Writing is best effort: a node that does not answer only lacks the
+text; one that misses the release keeps it until its ttl. Arguments Celery
+would hide hide here too: ``apply_async(..., argsrepr=..., kwargsrepr=...)``
+are used in place of the arguments, as in Celery's own logs and events.
 """
 
 from __future__ import annotations
