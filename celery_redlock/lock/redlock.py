@@ -439,7 +439,8 @@ class Redlock:
         died or was killed: it knows the run (its task id and ``where``, the
         ``host:pid`` the value was written with), not the lock's token. A
         later run of the same task id elsewhere (a re-delivered copy) has
-        another ``where`` and is never freed.
+        another ``where`` and is never freed. The lock's argument preview
+        (a singleton's) is deleted with it.
 
         Raises:
             ConfigurationError: ``where`` not given. The task id alone cannot
@@ -455,7 +456,8 @@ class Redlock:
             )
         where = text(where, "where", empty=False)
         keys = self.keys(name)
-        call = Call(_RELEASE_OWNER, (keys.lock,), (LockValue.suffix(task_id, where), keys.released))
+        owner = LockValue.suffix(task_id, where)
+        call = Call(_RELEASE_OWNER, (keys.lock, keys.args), (owner, keys.released))
         freed = 0
         for result in fan_out(self.nodes, [[call]] * len(self.nodes), self.node_timeout):
             answer = reply(result)

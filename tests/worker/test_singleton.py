@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import signal
 import threading
 import time
 from datetime import datetime
@@ -11,7 +13,7 @@ from typing import Any
 
 import pytest
 from celery import Celery, states
-from celery.exceptions import MaxRetriesExceededError
+from celery.exceptions import MaxRetriesExceededError, WorkerLostError
 
 from celery_redlock import LockedTask, setup, signals
 from celery_redlock.errors import ConfigurationError, DuplicateTask
@@ -492,3 +494,22 @@ def test_a_singleton_run_drops_its_preview_in_its_release(
     # its release, which deletes the preview too (and one for the look).
     assert [a - b - 1 for a, b in zip(after, before, strict=True)] == [4] * len(lock_nodes)
     assert preview_keys(lock_nodes) == []
+
+
+def test_a_killed_run_leaves_no_argument_preview(
+    app: Celery, lock_nodes: list[RedisServer], worker_process: Any
+) -> None:
+    worker_process(concurrency=1)
+    result = app.tasks["t.single"].delay(43, 60.0)
+    entered = wait_for_event(app, "enter", timeout=60)
+    assert entered[2] == result.id
+    assert len(preview_keys(lock_nodes)) == len(lock_nodes)  # shown while it runs
+    os.kill(int(entered[4]), signal.SIGKILL)
+    # Stored by the worker's main process after it freed the run's locks.
+    with pytest.raises(WorkerLostError):
+        result.get(timeout=60)
+    left = []
+    for node in lock_nodes:
+        with node.client() as client:
+            left.extend(client.scan_iter("*{singleton:t.single:*"))
+    assert left == []

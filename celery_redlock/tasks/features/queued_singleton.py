@@ -47,7 +47,6 @@ from ...errors import LockNotAcquired, QuorumUnavailable
 from ...lock.renewal import HeldLock
 from ..settings import redlock_for
 from .singleton import queued_marker, queued_name, task_id_of
-from .singleton_call_text import drop as drop_preview
 
 if TYPE_CHECKING:
     from ..run import TaskRun
@@ -73,8 +72,7 @@ def take_running(run: TaskRun, name: str) -> HeldLock:
     )
     redlock = redlock_for(run.task.app)
     queued = queued_name(name)
-    if task_id_of(redlock.holder(queued)) == run.task_id:
-        drop_preview(redlock, queued)  # its publish's text: the copy no longer waits
+    # Freed with its publish's argument preview: the copy no longer waits.
     # Not ours, or no longer held, is the usual case for a copy sent by name
     # or a retry. Held by us on a majority still would make later publishes
     # return this running copy until singleton_ttl: say so.

@@ -4,13 +4,14 @@ When a publish takes a singleton lock, the call (``(42, 'full', force=True)``,
 shortened to :data:`~celery_redlock._layout.PREVIEW_CHARS`) is written to
 the lock's ``:args`` key on every lock node, with the ttl the lock was
 written with, so that an operator can see what a queued or running
-singleton is about. It is written after the lock, and deleted with it by
-the release script (``release.lua``) when the holder frees the lock (the run
-ended, the publish failed), in the same call and only where the caller still
-held it: no key is left per call once its run is over, at no extra round
-trip. The follow-up of the ``"queued"`` mode drops its publish's text when it
-starts. Writing is best effort: a node that does not answer only lacks the
-text; one that misses the release keeps it until its ttl. Arguments Celery
+singleton is about. It is written after the lock and deleted with it, in the
+same script call and only where the caller still held the lock: when the
+holder frees it (``release.lua``: the run ended, the publish failed), when a
+``"queued"``-mode copy frees its ``:queued`` lock as it starts, and when the
+worker frees a dead run's locks by their owner (``release_owner.lua``). No
+key is left per call once its run is over, at no extra round trip. Writing
+is best effort: a node that does not answer only lacks the text; one that
+misses the release keeps it until its ttl. Arguments Celery
 would hide hide here too: ``apply_async(..., argsrepr=..., kwargsrepr=...)``
 are used in place of the arguments, as in Celery's own logs and events.
 """
@@ -26,7 +27,7 @@ from ..._layout import PREVIEW_CHARS, ArgsPreview
 from ...lock.redlock import Redlock
 from ...transport.nodes import Command, fan_out
 
-__all__ = ["call_text", "drop", "store"]
+__all__ = ["call_text", "store"]
 
 logger = logging.getLogger("celery_redlock.task")
 
@@ -83,14 +84,3 @@ def store(redlock: Redlock, name: str, task_id: str, text: str, ttl: float) -> N
     ]
     if failed:
         logger.debug("singleton %r: arguments not stored on %d node(s)", name, len(failed))
-
-
-def drop(redlock: Redlock, name: str) -> None:
-    """Delete the call text of singleton ``name``: its holder's run or publish is over.
-
-    Called while the caller still holds ``name``: only a holder writes the
-    text, so no other holder's text can be deleted.
-    """
-    command = Command(("DEL", redlock.keys(name).args))
-    nodes = redlock.nodes
-    fan_out(nodes, [[command]] * len(nodes), redlock.node_timeout)
