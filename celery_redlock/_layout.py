@@ -23,6 +23,8 @@ cite it in their headers. Keys, for a ``key_prefix`` of ``"redlock:"``::
     redlock:rate:{<key>}:<budget>:<alg>[:pace]  the same for a separate budget of the limit
                                      (``publish``: beat's publishes of a task)
     redlock:rate:{<key>}:override    a limit set at run time, replacing the configured one
+    redlock:rate:{<key>}:backoff     a pause, and the adaptive rate in force, after the
+                                     service behind the limit refused a call
     redlock:debounce:{<name>}        a debounced task key's last publish (a hash, on
                                      the rate limiter's Redis; see debounce_record)
 
@@ -204,6 +206,7 @@ def glob_escape(text: str) -> str:
 
 
 _OVERRIDE = ":override"
+_BACKOFF = ":backoff"
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +235,10 @@ class RateKeys:
     def override(self, key: str) -> str:
         """The hash holding the run-time override of limit ``key``, if any."""
         return f"{self.prefix}{{{key}}}{_OVERRIDE}"
+
+    def backoff(self, key: str) -> str:
+        """The hash holding the pause and the adaptive rate of limit ``key``, if any."""
+        return f"{self.prefix}{{{key}}}{_BACKOFF}"
 
     def override_pattern(self) -> str:
         """A ``SCAN MATCH`` pattern for every override key under this prefix.

@@ -55,12 +55,13 @@ from .decision import LimitDecision, RateLimitDecision
 from .failover import NodeStatus
 from .limit import Limit
 from .limiter import OnUnavailable, RateLimiter
-from .rate_overrides import RateOverride
+from .rate_overrides import Backoff, RateOverride
 
 __all__ = [
     "ALGORITHMS",
     "DEFAULT_ALGORITHM",
     "Algorithm",
+    "Backoff",
     "Limit",
     "LimitDecision",
     "NodeStatus",

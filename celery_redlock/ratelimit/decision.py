@@ -26,6 +26,10 @@ class LimitDecision:
         reset_after: seconds until the limit holds no state.
         overridden: an override set at run time replaced the configured rate.
         budget: the separate budget of the limit that was counted, if any.
+        adapted: the adaptive law holds the rate in force under the configured one.
+        paused: the key is paused (``limiter.refused``, ``limiter.pause``).
+        raised: this decision found the adaptive rate one or more steps higher
+            (one decision in the fleet sees each step).
     """
 
     key: str
@@ -38,6 +42,9 @@ class LimitDecision:
     reset_after: float
     overridden: bool = False
     budget: str | None = None
+    adapted: bool = False
+    paused: bool = False
+    raised: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +139,10 @@ def unchecked(resolved: Sequence[Resolved]) -> RateLimitDecision:
 
 
 def _one(entry: Any, limit: Resolved) -> LimitDecision:
-    allowed, remaining, retry_after_us, reset_after_us, *overridden = entry
+    allowed, remaining, retry_after_us, reset_after_us, limit_text, period_us_text, flags = entry
     value: int | float = limit.rate.limit
     period = limit.rate.period
-    if overridden:
-        limit_text, period_us_text = overridden
+    if flags & 3:
         number = float(limit_text)
         value = int(number) if number.is_integer() else number
         period = float(period_us_text) / 1e6
@@ -149,6 +155,9 @@ def _one(entry: Any, limit: Resolved) -> LimitDecision:
         remaining=int(remaining),
         retry_after=retry_after_us / 1e6,
         reset_after=reset_after_us / 1e6,
-        overridden=bool(overridden),
+        overridden=bool(flags & 1),
         budget=limit.budget,
+        adapted=bool(flags & 2),
+        paused=bool(flags & 4),
+        raised=bool(flags & 8),
     )

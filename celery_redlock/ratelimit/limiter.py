@@ -19,7 +19,14 @@ from .algorithms import ALGORITHMS, DEFAULT_ALGORITHM, Algorithm, check_algorith
 from .decision import RateLimitDecision, from_reply, unchecked
 from .failover import NodeStatus, Routes
 from .limit import LimitLike, Resolved, check_budget, check_key, from_call, number_text, resolve
-from .rate_overrides import RateOverride, check_override, override_from_reply
+from .rate_overrides import (
+    MAX_PAUSE,
+    Backoff,
+    RateOverride,
+    backoff_from_reply,
+    check_override,
+    override_from_reply,
+)
 from .rates import RateSpec, micros
 
 __all__ = ["OnUnavailable", "RateLimiter"]
@@ -29,6 +36,7 @@ OnUnavailable = Literal["raise", "allow"]
 
 _HIT = load("ratelimit_hit")
 _SET_OVERRIDE = load("ratelimit_override")
+_REFUSED = load("ratelimit_refused")
 _MAX_MARGIN = 60.0
 _SCAN_COUNT = 1000
 
@@ -278,6 +286,89 @@ class RateLimiter:
                 result.append(override)
         return result
 
+    # -- what the service behind a limit said ------------------------------------
+
+    def refused(
+        self, limit: LimitLike, retry_after: float | None = None, *, adapt: bool = False
+    ) -> Backoff:
+        """The service a limit protects refused a call: pause the key, lower an adaptive rate.
+
+        Every decision on the key (every process, beat's publishes too) is
+        refused until ``retry_after`` seconds from now (``None``: one interval
+        of the rate in force); a pause already longer stays as it is. With
+        ``adapt``, the rate in force is lowered by the adaptive law
+        (:mod:`~celery_redlock.ratelimit.rate_overrides`), unless it was lowered
+        less than one period ago. Written to the Redis that decides now.
+
+        Example::
+
+            if response.status_code == 429:
+                limiter.refused(("shopify:acme", "40/s"), retry_after=2.0, adapt=True)
+        """
+        (resolved,) = resolve(from_call([limit], None, None, None), 1, self.algorithm)
+        pause_us = -1 if retry_after is None else self._pause_us(retry_after)
+        keys = self._keys
+        call = Call(
+            _REFUSED,
+            (
+                keys.backoff(resolved.key),
+                keys.state(resolved.key, resolved.algorithm),
+                keys.override(resolved.key),
+            ),
+            (pause_us, 1 if adapt else 0, *resolved.script_args(), self._margin_us),
+        )
+        (reply,) = self._read((call,), resolved.key)
+        paused_us, lowered, in_force = reply
+        learned = float(in_force) / resolved.rate.period if lowered else None
+        return Backoff(
+            key=resolved.key,
+            paused_for=paused_us / 1e6,
+            learned=learned,
+            since=0.0 if lowered else None,
+            lowered=lowered == 1,
+        )
+
+    def pause(self, key: str, seconds: float) -> Backoff:
+        """Refuse every decision on ``key`` for ``seconds`` (a longer pause stays).
+
+        Example::
+
+            limiter.pause("shopify:acme", 30.0)
+        """
+        check_key(key)
+        call = Call(
+            _REFUSED,
+            (self._keys.backoff(key), self._keys.state(key, "fixed"), self._keys.override(key)),
+            (self._pause_us(seconds), 0, "fixed", 1, 1_000_000, 0),
+        )
+        (reply,) = self._read((call,), key)
+        return Backoff(key=key, paused_for=reply[0] / 1e6)
+
+    def resume(self, key: str) -> bool:
+        """End the pause of ``key`` now; true if it was paused. An adaptive rate stays."""
+        check_key(key)
+        (removed,) = self._read(
+            (Command(("HDEL", self._keys.backoff(key), "paused_until_us")),), key
+        )
+        return bool(removed)
+
+    def get_backoff(self, key: str) -> Backoff | None:
+        """The pause and the learned rate of ``key`` (:meth:`Backoff.in_force`), or ``None``."""
+        check_key(key)
+        name = self._keys.backoff(key)
+        fields, pttl, now = self._read(
+            (
+                Command(("HMGET", name, "paused_until_us", "learned", "since_us")),
+                Command(("PTTL", name)),
+                Command(("TIME",)),
+            ),
+            key,
+        )
+        return backoff_from_reply(key, fields, pttl, int(now[0]) * 1e6 + int(now[1]))
+
+    def _pause_us(self, seconds_: Any) -> int:
+        return round(micros(seconds(seconds_, "retry_after", allow_zero=True, maximum=MAX_PAUSE)))
+
     def status(self) -> list[NodeStatus]:
         """Each Redis of the limiter and whether it answers, as this process last found it."""
         return self._routes.status()
@@ -352,6 +443,7 @@ class RateLimiter:
                 layout.state(limit.key, limit.algorithm, limit.budget),
                 layout.pace(limit.key, limit.algorithm, limit.budget),
                 layout.override(limit.key),
+                layout.backoff(limit.key),
             )
             args += limit.script_args()
         return Call(_HIT, tuple(keys), tuple(args))

@@ -1,9 +1,27 @@
-"""Run-time overrides: a rate stored in Redis that replaces a limit's configured one.
+"""Run-time overrides: rates stored in Redis that replace a limit's configured one.
 
-``ratelimit_hit.lua`` reads a limit's override in the same call that decides
+Two kinds, both read by ``ratelimit_hit.lua`` in the same call that decides
 the hit, so a change reaches every worker at its next decision, with no
-restart and no extra round trip. An override always expires (its ``ttl``);
-set it again to keep it.
+restart and no extra round trip:
+
+* an operator's :class:`RateOverride` (``set_override``), which always
+  expires (its ``ttl``; set it again to keep it);
+* a :class:`Backoff`, written when the service behind a limit refused a call
+  (``RateLimiter.refused``) or by an operator (``pause``): a pause, and for
+  an adaptive limit the rate in force under the configured one, which climbs
+  back by the law below. It expires once the pause is over and the rate is
+  back at the limit.
+
+The adaptive law, with the configured (or overridden) rate as its ceiling
+``C`` per period ``P`` (``ratelimit_refused.lua`` and ``ratelimit_hit.lua``
+apply it on the server; :func:`lowered` and :meth:`Backoff.in_force` are the
+same in Python)::
+
+    on a refusal at t, unless the last decrease was less than P before t:
+        L = max(FLOOR * C, DECREASE * min(rate in force at t, units admitted in
+                the last window: sliding limits only))
+    rate in force at u >= t:  min(C, L + INCREASE * C * floor((u - t) / P)),
+                              never below the hit's cost
 """
 
 from __future__ import annotations
@@ -16,10 +34,30 @@ from .._validators import seconds
 from ..errors import ConfigurationError
 from .rates import Rate, micros, parse_rate
 
-__all__ = ["MAX_OVERRIDE_TTL", "RateOverride", "check_override", "override_from_reply"]
+__all__ = [
+    "DECREASE",
+    "FLOOR",
+    "INCREASE",
+    "MAX_OVERRIDE_TTL",
+    "MAX_PAUSE",
+    "Backoff",
+    "RateOverride",
+    "backoff_from_reply",
+    "check_override",
+    "lowered",
+    "override_from_reply",
+]
 
 #: The longest an override lasts, seconds (366 days).
 MAX_OVERRIDE_TTL = 366 * 86400.0
+#: The longest one pause, seconds (a day); a pause always ends.
+MAX_PAUSE = 86400.0
+#: A refusal multiplies the rate in force (or what the window admitted) by this.
+DECREASE = 0.75
+#: Each whole period without a refusal adds this share of the ceiling.
+INCREASE = 0.01
+#: The rate in force never falls below this share of the ceiling.
+FLOOR = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +116,54 @@ def override_from_reply(key: str, fields: Any, pttl: Any) -> RateOverride | None
     rate = Rate(limit=int(limit) if limit.is_integer() else limit, period=float(period_text) / 1e6)
     shown = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(rate)
     return RateOverride(key=key, rate=rate, text=shown, ttl=pttl / 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """What the service behind one limit key told the fleet: a pause and a lowered rate.
+
+    Attributes:
+        key: the limit's key.
+        paused_for: seconds until hits are admitted again (``0.0``: not paused).
+        learned: units per second the last decrease set, ``None`` if the
+            adaptive law never lowered this key (or it is back at its ceiling).
+        since: seconds since that decrease (``None`` with ``learned``).
+        ttl: seconds until the backoff expires.
+        lowered: the call that returned it lowered the rate in force.
+    """
+
+    key: str
+    paused_for: float
+    learned: float | None = None
+    since: float | None = None
+    ttl: float = 0.0
+    lowered: bool = False
+
+    def in_force(self, ceiling: Rate, cost: int = 1) -> float:
+        """Units per ``ceiling.period`` in force now, under ``ceiling``."""
+        if self.learned is None or self.since is None:
+            return ceiling.limit
+        steps = math.floor(max(self.since, 0.0) / ceiling.period)
+        grown = self.learned * ceiling.period + INCREASE * ceiling.limit * steps
+        return min(ceiling.limit, max(cost, grown))
+
+
+def lowered(ceiling: Rate, in_force: float, admitted: float | None = None) -> float:
+    """The rate in force (units per period) after a refusal, by the adaptive law.
+
+    ``admitted``: units the limit's window admitted before the refusal
+    (known for ``sliding`` limits), the fleet's real rate then.
+    """
+    base = in_force if admitted is None or admitted <= 0 else min(in_force, admitted)
+    return max(FLOOR * ceiling.limit, DECREASE * base)
+
+
+def backoff_from_reply(key: str, fields: Any, pttl: Any, now_us: float) -> Backoff | None:
+    """Read ``HMGET paused_until_us learned since_us``, ``PTTL`` and the server's time."""
+    until_text, learned_text, since_text = fields
+    if not isinstance(pttl, int) or pttl < 0 or (until_text is None and learned_text is None):
+        return None
+    paused = max(0.0, (float(until_text) - now_us) / 1e6) if until_text is not None else 0.0
+    learned = float(learned_text) if learned_text is not None else None
+    since = (now_us - float(since_text)) / 1e6 if since_text is not None else None
+    return Backoff(key=key, paused_for=paused, learned=learned, since=since, ttl=pttl / 1000)

@@ -2,9 +2,9 @@
 -- is counted in every limit only if every limit admits it, so no limit spends a
 -- unit when another refuses. Times come from the server's TIME, in microseconds.
 --
--- Key layout: celery_redlock/_layout.py (RateKeys). Three keys per limit i,
+-- Key layout: celery_redlock/_layout.py (RateKeys). Four keys per limit i,
 -- for n limits (1 <= n <= 16):
--- KEYS[3i-2]  the limit's state under its algorithm:
+-- KEYS[4i-3]  the limit's state under its algorithm:
 --               gcra     a string "B O": the theoretical arrival time is B + O
 --                        microseconds (B whole, O the part after it, so that
 --                        fractional intervals keep their precision)
@@ -12,10 +12,15 @@
 --                        score = the bucket's end (microseconds), member = the
 --                        units admitted up to and including that bucket
 --               fixed    a string: the units admitted in the current window
--- KEYS[3i-1]  the pace of a fixed or sliding limit whose count is not whole
+-- KEYS[4i-2]  the pace of a fixed or sliding limit whose count is not whole
 --             ("2.5/s"): a string "B O" as for gcra
--- KEYS[3i]    the limit's override, a hash {limit, period_us, text} that an
+-- KEYS[4i-1]  the limit's override, a hash {limit, period_us, text} that an
 --             operator set at run time (ratelimit_override.lua); only read here
+-- KEYS[4i]    the limit's backoff, a hash {paused_until_us, learned, since_us,
+--             steps} written by ratelimit_refused.lua: a pause (no hit is
+--             admitted before paused_until_us) and the adaptive rate in force
+--             (see ADAPTIVE below). Read here; `steps` is written when the
+--             rate in force rises a step, so that one decision reports it.
 --
 -- ARGV[1]  cost: units this hit takes, a whole number >= 1
 -- ARGV[2]  consume: 1 counts an admitted hit, 0 only looks (peek)
@@ -25,14 +30,17 @@
 -- ARGV[3 + 3i]      period_us: the period in microseconds (fractional allowed)
 --
 -- Returns one array per limit:
---   {allowed, remaining, retry_after_us, reset_after_us[, limit, period_us]}
+--   {allowed, remaining, retry_after_us, reset_after_us, limit, period_us, flags}
 --   allowed         1 if this limit admits the hit, else 0 (the hit is counted
 --                   only if every limit admits it)
 --   remaining       units the limit still has room for after this call
 --   retry_after_us  0 if allowed, else microseconds until this limit admits it
 --   reset_after_us  microseconds until the limit holds no state
---   limit, period_us  present only when an override replaced the given limit
---                   and period: the override's values, as text
+--   limit, period_us  the limit and period in force (an override's, or lowered
+--                   by the adaptive law), as text
+--   flags           the sum of 1 (an override replaced the given rate), 2 (the
+--                   adaptive law lowered it), 4 (the key is paused), 8 (this
+--                   decision found the adaptive rate one or more steps higher)
 --
 -- Every argument and every override is checked before anything is written;
 -- a bad one is an error reply and nothing changes. Every key written gets a
@@ -68,6 +76,11 @@ local TRIM_PER_CALL = 16
 local EPSILON_US = 1e-6
 -- Stored counts and times beyond this (2^53) are not exact: no limit writes them.
 local MAX_EXACT = 9007199254740992
+-- ADAPTIVE: the rate in force after a refusal lowered it to `learned` units
+-- per second at since_us is min(limit, learned * period + INCREASE * limit *
+-- (whole periods since since_us)), never below the hit's cost. Same constants
+-- as celery_redlock/ratelimit/rate_overrides.py.
+local INCREASE = 0.01
 
 -- Globals read once: a local is cheaper than a global lookup on every use.
 local call, tonumber, ceil, floor, max, min, huge, format =
@@ -180,7 +193,7 @@ end
 local cost = tonumber(ARGV[1])
 local consume = ARGV[2]
 local margin = tonumber(ARGV[3])
-local n = #KEYS / 3
+local n = #KEYS / 4
 if not finite(cost) or cost < 1 or cost > MAX_LIMIT or not whole(cost) then
     return fail('cost must be a whole number from 1 to ' .. MAX_LIMIT)
 end
@@ -191,10 +204,10 @@ if not finite(margin) or margin < 0 or margin > MAX_MARGIN_US then
     return fail('margin_us out of range')
 end
 if n < 1 or n > MAX_LIMITS or not whole(n) or #ARGV ~= 3 + 3 * n then
-    return fail('expected 3 keys and 3 arguments per limit, for 1 to ' .. MAX_LIMITS .. ' limits')
+    return fail('expected 4 keys and 3 arguments per limit, for 1 to ' .. MAX_LIMITS .. ' limits')
 end
 local seen = {}
-for i = 1, 3 * n do
+for i = 1, 4 * n do
     if seen[KEYS[i]] then
         return fail('key ' .. KEYS[i] .. ' is given twice')
     end
@@ -208,15 +221,15 @@ for i = 1, n do
     local period_us = tonumber(ARGV[3 + 3 * i])
     local why = bad_rate(algorithm, limit, period_us)
     if why then
-        return fail('limit ' .. i .. ' (' .. KEYS[3 * i - 2] .. '): ' .. why)
+        return fail('limit ' .. i .. ' (' .. KEYS[4 * i - 3] .. '): ' .. why)
     end
     if cost > ceil(limit) then
-        return fail('limit ' .. i .. ' (' .. KEYS[3 * i - 2] .. '): cost is more than the limit')
+        return fail('limit ' .. i .. ' (' .. KEYS[4 * i - 3] .. '): cost is more than the limit')
     end
     limits[i] = {
         algorithm = algorithm, limit = limit, period_us = period_us,
-        state = KEYS[3 * i - 2], pace = KEYS[3 * i - 1], override = KEYS[3 * i],
-        overridden = 0,
+        state = KEYS[4 * i - 3], pace = KEYS[4 * i - 2], override = KEYS[4 * i - 1],
+        backoff = KEYS[4 * i], flags = 0,
     }
 end
 
@@ -230,12 +243,40 @@ for _, l in ipairs(limits) do
             return fail('the override in ' .. l.override .. ' cannot be used (' .. why ..
                 '); set it again or clear it')
         end
-        l.limit, l.period_us, l.overridden = limit, period_us, 1
+        l.limit, l.period_us, l.flags = limit, period_us, 1
     end
 end
 
 local time = call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+
+-- 2b. A pause refuses the hit; an adaptive rate lowers the limit in force.
+for _, l in ipairs(limits) do
+    local b = call('HMGET', l.backoff, 'paused_until_us', 'learned', 'since_us', 'steps')
+    local until_us, learned, since = tonumber(b[1]), tonumber(b[2]), tonumber(b[3])
+    if until_us and until_us > now then
+        l.paused_us = until_us - now
+        l.flags = l.flags + 4
+    end
+    if learned and since and learned > 0 then
+        local steps = max(0, floor((now - since) / l.period_us))
+        local ceiling = l.limit
+        local adapted = min(ceiling, max(cost, learned * l.period_us / 1000000 +
+            INCREASE * ceiling * steps))
+        if adapted < ceiling and not bad_rate(l.algorithm, adapted, l.period_us) then
+            l.limit = adapted
+            l.flags = l.flags + 2
+        end
+        if consume == '1' and steps > (tonumber(b[4]) or 0) then
+            call('HSET', l.backoff, 'steps', steps)
+            l.flags = l.flags + 8
+        end
+    end
+    if (b[1] or b[2]) and call('PTTL', l.backoff) == -1 then
+        -- a backoff without a ttl (PERSIST by hand) would never end
+        call('PEXPIRE', l.backoff, keep_ms(max(l.paused_us or 0, l.period_us / INCREASE)))
+    end
+end
 
 -- 3. Evaluate every limit, reading only.
 local function evaluate_pace(l, window)
@@ -375,7 +416,7 @@ local function evaluate(l)
         l.reset = max(l.reset, l.pace_reset)
         l.room = min(l.room, l.pace_room)
     end
-    if l.overridden == 1 and cost > window_limit then
+    if l.flags % 2 == 1 and cost > window_limit then
         -- Never admitted while the override lasts: retry once it lapses.
         l.ok = false
         l.retry = max(l.retry, max(call('PTTL', l.override), 0) * 1000)
@@ -388,6 +429,10 @@ for _, l in ipairs(limits) do
     local problem = evaluate(l)
     if problem then
         return fail(problem)
+    end
+    if l.paused_us then
+        l.ok = false
+        l.retry = max(l.retry, l.paused_us)
     end
     all_ok = all_ok and l.ok
 end
@@ -467,10 +512,7 @@ end
 
 local replies = {}
 for i, l in ipairs(limits) do
-    local reply = {l.ok and 1 or 0, max(0, l.room), ceil(max(l.retry, 0)), ceil(max(l.reset, 0))}
-    if l.overridden == 1 then
-        reply[5], reply[6] = num_text(l.limit), num_text(l.period_us)
-    end
-    replies[i] = reply
+    replies[i] = {l.ok and 1 or 0, max(0, l.room), ceil(max(l.retry, 0)), ceil(max(l.reset, 0)),
+        num_text(l.limit), num_text(l.period_us), l.flags}
 end
 return replies

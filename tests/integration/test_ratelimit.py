@@ -669,7 +669,7 @@ def _server_cpu(client) -> float:
 
 def test_scripts_check_every_argument_before_writing(client):
     script = load("ratelimit_hit").source
-    keys = ["s1", "p1", "o1", "s2", "p2", "o2"]
+    keys = ["s1", "p1", "o1", "b1", "s2", "p2", "o2", "b2"]
     good = ["sliding", "10", "1000000"]
     cases = [
         (["0", "1", "0", *good, *good]),  # cost 0
@@ -690,7 +690,9 @@ def test_scripts_check_every_argument_before_writing(client):
             client.eval(script, len(keys), *keys, *args)
         assert client.dbsize() == 0, args
     with pytest.raises(redis.ResponseError, match="celery_redlock"):
-        client.eval(script, 6, "s1", "p1", "o1", "s1", "p2", "o2", "1", "1", "0", *good, *good)
+        client.eval(
+            script, 8, "s1", "p1", "o1", "b1", "s1", "p2", "o2", "b2", "1", "1", "0", *good, *good
+        )
     assert client.dbsize() == 0
     # A bad override stored in Redis stops the decision before any write.
     client.hset("o2", mapping={"limit": "0", "period_us": "1000000"})
@@ -1084,3 +1086,131 @@ def test_decisions_round_trip_into_the_documented_type(limiter):
     assert (decision.allowed, decision.limit, decision.remaining) == (True, 5, 4)
     assert decision.retry_after == 0.0
     assert 59.9 < decision.reset_after <= 60.06
+
+
+# -- what the service behind a limit said: pauses and adaptive rates -----------------
+
+
+def _every_key_has_a_ttl(client):
+    names = client.keys()
+    assert names
+    for name in names:
+        assert client.pttl(name) > 0, name
+
+
+def test_a_pause_refuses_every_decision_on_the_key_until_it_ends(limiter, client):
+    limit = Limit("api:acme", "100/s")
+    backoff = limiter.refused(limit, retry_after=0.6)
+    assert 0.5 < backoff.paused_for <= 0.6
+    began = time.monotonic()
+    refused = limiter.hit([limit])
+    assert not refused.allowed
+    assert refused.limits[0].paused
+    assert 0.4 < refused.retry_after <= 0.6
+    # beat's publishes of the key (another budget) and a peek see it too
+    assert not limiter.hit([Limit("api:acme", "100/s", budget="publish")]).allowed
+    assert not limiter.peek([limit]).allowed
+    _every_key_has_a_ttl(client)
+    while time.monotonic() - began < refused.retry_after - 0.05:
+        assert not limiter.hit([limit]).allowed
+        time.sleep(0.02)
+    time.sleep(0.1)
+    assert limiter.hit([limit]).allowed
+    # what the pause left behind holds nothing that outlives it
+    assert client.pttl(RateKeys("redlock:rate:").backoff("api:acme")) == -2
+
+
+def test_a_shorter_pause_never_shortens_a_longer_one(limiter):
+    limiter.refused(("api:acme", "10/s"), retry_after=5.0)
+    after = limiter.refused(("api:acme", "10/s"), retry_after=0.1)
+    assert 4.5 < after.paused_for <= 5.0
+    assert limiter.pause("api:acme", 0.2).paused_for > 4.5
+    shown = limiter.get_backoff("api:acme")
+    assert shown is not None
+    assert 4.5 < shown.paused_for <= 5.0
+    assert 4.5 < shown.ttl <= 5.01
+    longer = limiter.pause("api:acme", 8.0)
+    assert 7.9 < longer.paused_for <= 8.0
+    assert limiter.resume("api:acme")
+    assert limiter.hit("api:acme", "10/s").allowed
+    assert not limiter.resume("api:acme")
+
+
+def test_retry_after_none_pauses_for_one_interval_of_the_rate_in_force(limiter):
+    assert limiter.refused(("api:acme", "4/s")).paused_for == pytest.approx(0.25, abs=0.01)
+    with pytest.raises(errors.ConfigurationError, match="retry_after"):
+        limiter.refused(("api:acme", "4/s"), retry_after=-1.0)
+
+
+def test_an_adaptive_refusal_lowers_the_rate_in_force_once_per_period(limiter, client):
+    ceiling = Limit("api:acme", "40/s")
+    for _ in range(10):  # the fleet admitted 10 in the last window
+        assert limiter.hit([ceiling]).allowed
+    first = limiter.refused(ceiling, retry_after=0.001, adapt=True)
+    assert first.lowered
+    # DECREASE times what the window admitted (10, per period + margin 0), not the 40 in force
+    assert first.learned == pytest.approx(7.5)
+    second = limiter.refused(ceiling, retry_after=0.001, adapt=True)
+    assert not second.lowered  # within one period of the last decrease
+    time.sleep(0.01)
+    decision = limiter.peek([ceiling])
+    assert decision.limits[0].adapted
+    assert decision.limit == pytest.approx(7.5)
+    _every_key_has_a_ttl(client)
+    # The rate climbs back to the ceiling: the backoff lasts as long as that takes.
+    ttl = client.pttl(RateKeys("redlock:rate:").backoff("api:acme")) / 1000
+    assert ttl == pytest.approx(math.ceil((40 - 7.5) / 0.4), abs=0.1)
+
+
+def test_the_adaptive_rate_climbs_a_step_per_period_reported_once(limiter):
+    ceiling = Limit("api:acme", "20/0.2s")
+    limiter.refused(ceiling, retry_after=0.001, adapt=True)  # nothing admitted: 0.75 * 20
+    time.sleep(0.01)
+    assert limiter.peek([ceiling]).limit == pytest.approx(15)
+    time.sleep(0.45)  # two whole periods: two steps of 1 % of the ceiling
+    decisions = [limiter.hit([ceiling]) for _ in range(3)]
+    assert decisions[0].limit == pytest.approx(15.4)
+    assert [d.limits[0].raised for d in decisions] == [True, False, False]
+    # a later refusal lowers from the rate in force: 0.75 * 3 admitted in the window
+    lowered = limiter.refused(ceiling, retry_after=0.001, adapt=True)
+    assert lowered.lowered
+    assert lowered.learned * 0.2 == pytest.approx(2.25)
+
+
+def test_an_adaptive_rate_never_goes_below_its_floor_or_a_runs_cost(limiter):
+    ceiling = Limit("api:acme", "100/s")
+    assert limiter.hit([ceiling]).allowed  # the window admitted one: 0.75 of it is below 1 %
+    assert limiter.refused(ceiling, retry_after=0.001, adapt=True).learned == pytest.approx(1.0)
+    time.sleep(0.01)
+    assert limiter.peek([ceiling], cost=1).limit == pytest.approx(1.0)
+    assert limiter.peek([ceiling], cost=3).limit == 3
+
+
+def test_an_override_is_the_ceiling_of_an_adaptive_rate(limiter):
+    limiter.set_override("api:acme", "8/s", ttl=60)
+    limiter.refused(("api:acme", "40/s"), retry_after=0.001, adapt=True)
+    time.sleep(0.01)
+    assert limiter.peek("api:acme", "40/s").limit == pytest.approx(6)
+
+
+def test_an_adaptive_decision_is_one_script_call(limiter, client):
+    limiter.refused(("api:acme", "40/s"), retry_after=0.001, adapt=True)
+    limiter.hit("api:acme", "40/s")
+
+    def calls():
+        stats = client.info("commandstats")
+        return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "eval"))
+
+    before = calls()
+    for _ in range(5):
+        limiter.hit("api:acme", "40/s")
+    # five decisions, five script calls (and the INFO between)
+    assert calls() - before == 5
+
+
+def test_a_backoff_left_without_a_ttl_gets_one_back(limiter, client):
+    name = RateKeys("redlock:rate:").backoff("api:acme")
+    limiter.refused(("api:acme", "10/s"), retry_after=5.0, adapt=True)
+    client.persist(name)
+    limiter.peek("api:acme", "10/s")
+    assert 0 < client.pttl(name) <= 100_001

@@ -181,6 +181,10 @@ LONG_MODULES = {
         "one job, rate limits as data for the admin API: views, task limits and their "
         "use, with their JSON forms"
     ),
+    "celery_redlock._layout": (
+        "one job, the wire format: every Redis key name and the lock value, built and "
+        "parsed in one place"
+    ),
     "celery_redlock.tasks.policies": (
         "one job, a task's options made into what is done around each run: a frozen "
         "policy per feature (lock, singleton, rate, debounce, concurrency) and their checks"

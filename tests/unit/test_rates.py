@@ -325,19 +325,36 @@ def _resolved(key="k", rate=TEN_PER_SECOND, algorithm="sliding"):
     ("reply", "expected"),
     [
         pytest.param(
-            [1, 9, 0, 60_000_000],
+            [1, 9, 0, 60_000_000, b"10", b"1000000", 0],
             LimitDecision("k", "sliding", 10, 1.0, True, 9, 0.0, 60.0),
             id="first",
         ),
         pytest.param(
-            [0, 0, 250_000, 250_000],
+            [0, 0, 250_000, 250_000, b"10", b"1000000", 0],
             LimitDecision("k", "sliding", 10, 1.0, False, 0, 0.25, 0.25),
             id="full",
         ),
         pytest.param(
-            [0, 3, 3, 900_000, b"2.5", b"2500"],
+            [0, 3, 3, 900_000, b"2.5", b"2500", 1],
             LimitDecision("k", "sliding", 2.5, 0.0025, False, 3, 0.000003, 0.9, True),
             id="overridden-fraction",
+        ),
+        pytest.param(
+            [0, 3, 250_000, 900_000, b"7.5", b"1000000", 2 + 4 + 8],
+            LimitDecision(
+                "k",
+                "sliding",
+                7.5,
+                1.0,
+                False,
+                3,
+                0.25,
+                0.9,
+                adapted=True,
+                paused=True,
+                raised=True,
+            ),
+            id="adapted-paused-raised",
         ),
     ],
 )
