@@ -17,6 +17,13 @@ Connect like any Celery signal::
   (one of :data:`LOCK_LOST_CODES`); also sent for a concurrency slot lost
   while its task ran (``key``: the concurrency key)
 * ``rate_limited``: ``task_id``, ``key``, ``retry_after`` (seconds), ``action``
+* ``rate_paused``: ``task_id``, ``key``, ``paused_for`` (seconds until hits are
+  admitted again): a run reported that the service behind the limit refused
+  (``self.rate_limited()``)
+* ``rate_adapted``: ``task_id``, ``key``, ``change`` (``"decrease"``: a
+  reported refusal lowered the rate in force; ``"increase"``: a period passed
+  without one, and this run's decision is the one that found it), ``limit``
+  (units per ``period`` in force after it), ``period`` (seconds)
 * ``duplicate_suppressed``: ``task_id`` (of the copy already queued or running),
   ``key``, ``where`` (``publish`` or ``worker``)
 * ``slot_acquired``: ``task_id``, ``key`` (the concurrency key), ``limit``,
@@ -43,7 +50,9 @@ __all__ = [
     "lock_busy",
     "lock_lost",
     "lock_released",
+    "rate_adapted",
     "rate_limited",
+    "rate_paused",
     "slot_acquired",
     "slot_busy",
     "slot_released",
@@ -66,6 +75,10 @@ lock_busy = Signal(name="lock_busy")
 lock_lost = Signal(name="lock_lost")
 #: A global rate limit refused a task.
 rate_limited = Signal(name="rate_limited")
+#: A run reported a refusal by the service behind a limit: its key is paused.
+rate_paused = Signal(name="rate_paused")
+#: The adaptive rate in force of a key went down (a refusal) or up (a quiet period).
+rate_adapted = Signal(name="rate_adapted")
 #: A singleton publish or run was refused because a copy is queued or running.
 duplicate_suppressed = Signal(name="duplicate_suppressed")
 #: A task took a slot of its concurrency limit.

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from ..lock.redlock import Redlock
-from ..ratelimit import Algorithm, RateLimiter, RateOverride
+from ..ratelimit import Algorithm, Backoff, RateLimiter, RateOverride
 from ..ratelimit.rates import Rate
 from ..tasks.settings import Settings, settings_for
 from .check import CheckReport, Finding, run_check
@@ -207,6 +207,18 @@ class Admin:
         limiter, node = self.limiter()
         node.close()
         return limiter.clear_override(key)
+
+    def pause(self, key: str, seconds: float) -> Backoff:
+        """Refuse every run of rate-limit ``key`` for ``seconds`` (a longer pause stays)."""
+        limiter, node = self.limiter()
+        node.close()
+        return limiter.pause(key, seconds)
+
+    def resume(self, key: str) -> bool:
+        """End the pause of ``key`` now; true if it was paused."""
+        limiter, node = self.limiter()
+        node.close()
+        return limiter.resume(key)
 
     def ping(self) -> list[NodeHealth]:
         """PING every lock node at once: which answer (``ok``, ``error``)."""

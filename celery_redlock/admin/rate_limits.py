@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 
 from .._layout import RateKeys, period_key
 from ..errors import RateLimiterUnavailable
-from ..ratelimit import ALGORITHMS, Algorithm, Limit, RateLimiter, RateOverride
+from ..ratelimit import ALGORITHMS, Algorithm, Backoff, Limit, RateLimiter, RateOverride
 from ..ratelimit.rates import DynamicRate, Rate
 from ..tasks.features.rate_limit import PUBLISH_BUDGET
 from ..tasks.misspelling import closest
@@ -111,6 +111,10 @@ class LimitUse:
     budget: str | None = None
     #: The task that declares the limit, if one does.
     task: str | None = None
+    #: The configured (or overridden) rate, when the adaptive law holds ``rate`` under it.
+    ceiling: str | None = None
+    #: Seconds the key stays paused (the service behind it refused), ``0.0`` if not.
+    paused_for: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form."""
@@ -129,6 +133,8 @@ class RateView:
     override: RateOverride | None
     #: Per algorithm: ``{"algorithm", "state_key", "exists", "ttl", "error"}``.
     state: list[dict[str, Any]]
+    #: The key's pause and adaptive rate, if the service behind it refused lately.
+    backoff: Backoff | None = None
 
     @property
     def decision(self) -> LimitUse | None:
@@ -143,6 +149,7 @@ class RateView:
             "limits": [use.as_dict() for use in self.limits],
             "override": None if self.override is None else _override_dict(self.override),
             "state": self.state,
+            "backoff": None if self.backoff is None else dataclasses.asdict(self.backoff),
         }
 
 
@@ -297,14 +304,14 @@ def limit_use(
         RateLimiterUnavailable: no Redis of the limiter answered.
         ConfigurationError: a bad rate or algorithm.
     """
-    decision = limiter.peek(Limit(key, rate, algorithm, budget=budget))
-    (one,) = decision.limits
+    limit = Limit(key, rate, algorithm, budget=budget)
+    (one,) = limiter.peek(limit).limits
     most = math.ceil(one.limit)
+    ceiling = str(Rate(one.limit, one.period) if not one.adapted else limit.rate)
     if one.overridden:
         override = limiter.get_override(key)
-        text = override.text if override is not None else str(Rate(one.limit, one.period))
-    else:
-        text = str(Rate(one.limit, one.period))
+        ceiling = override.text if override is not None else ceiling
+    text = str(Rate(round(one.limit, 2), one.period)) if one.adapted else ceiling
     return LimitUse(
         key=key,
         rate=text,
@@ -318,6 +325,8 @@ def limit_use(
         overridden=one.overridden,
         budget=budget,
         task=task,
+        ceiling=ceiling if one.adapted else None,
+        paused_for=one.retry_after if one.paused else 0.0,
     )
 
 
@@ -391,7 +400,15 @@ def rate_view(
                 uses += _with_publish(limiter, known, state)
         if not uses and override is not None:
             uses.append(limit_use(limiter, key, override.rate, algorithm or guessed))
-    return RateView(key=key, node=_deciding(limiter), limits=uses, override=override, state=state)
+    backoff = limiter.get_backoff(key)
+    return RateView(
+        key=key,
+        node=_deciding(limiter),
+        limits=uses,
+        override=override,
+        state=state,
+        backoff=backoff,
+    )
 
 
 def rate_overview(

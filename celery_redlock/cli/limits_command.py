@@ -74,6 +74,8 @@ class _Duration(_FloatParam):
 )
 @click.option("--ttl", type=_Duration(), help="How long the override lasts: 90s, 30m, 1h, 7d.")
 @click.option("--clear", is_flag=True, help="Remove KEY's override: its own rate applies again.")
+@click.option("--pause", type=_Duration(), help="Refuse every run of KEY for this long: 30s, 5m.")
+@click.option("--resume", is_flag=True, help="End KEY's pause now.")
 @json_option
 @click.pass_obj
 def limits(
@@ -87,6 +89,8 @@ def limits(
     set_rate: str | None,
     ttl: float | None,
     clear: bool,
+    pause: float | None,
+    resume: bool,
     as_json: bool,
 ) -> None:
     """Show rate limits and their use now, or change one without restarting workers.
@@ -99,7 +103,9 @@ def limits(
     counted.
 
     --set RATE --ttl 1h makes RATE the limit of KEY for an hour, in every
-    worker from its next run; --clear removes it. A limit a task counts on
+    worker from its next run; --clear removes it. --pause 30s refuses every
+    run of KEY (and beat's publishes) for 30 s, as a task's rate_limited()
+    does; --resume ends a pause. A limit a task counts on
     several keys (global_rate_limit=["10/s", "50000/d"]) has one key per
     rate: NAME/s and NAME/d.
 
@@ -116,6 +122,9 @@ def limits(
         return
     if set_rate is not None or clear:
         _change_override(session, key, set_rate, ttl, clear, as_json)
+        return
+    if pause is not None or resume:
+        _pause(session, key, pause, resume, as_json)
         return
     if ttl is not None:
         raise click.UsageError("--ttl goes with --set")
@@ -146,6 +155,14 @@ def limits(
     else:
         click.echo("no task of this app declares a limit on this key, and it has no override;")
         click.echo("give --rate to see its use under a limit of your choice")
+    for use in view.limits[:1]:
+        if use.ceiling is not None:
+            click.echo(f"adaptive: {use.rate} in force, under a ceiling of {use.ceiling}")
+    if view.backoff is not None and view.backoff.paused_for > 0:
+        click.echo(
+            f"paused: {duration(view.backoff.paused_for)} more "
+            f"(celery redlock limits {key} --resume ends it)"
+        )
     if view.override is not None:
         click.echo(
             f"override: {view.override.text} for {duration(view.override.ttl)} more "
@@ -162,6 +179,32 @@ def limits(
             for entry in held
         ]
         click.echo(table(["STATE", "EXPIRES IN", "KEY"], rows))
+
+
+def _pause(
+    session: Session, key: str | None, pause: float | None, resume: bool, as_json: bool
+) -> None:
+    if key is None:
+        raise click.UsageError("--pause and --resume need the KEY of the limit")
+    if pause is not None and resume:
+        raise click.UsageError("give --pause or --resume, not both")
+    if resume:
+        ended = _limits_call(session, session.admin.resume, key)
+        if as_json:
+            click.echo(json.dumps({"key": key, "resumed": ended}))
+        else:
+            click.echo(f"{key!r} resumed" if ended else f"{key!r} was not paused")
+        return
+    try:
+        made = _limits_call(session, session.admin.pause, key, pause)
+    except BadConfiguration as exc:
+        error = exc.__cause__
+        problem = error.problem if isinstance(error, ConfigurationError) else None
+        raise click.BadParameter(problem or str(exc), param_hint="--pause") from exc
+    if as_json:
+        click.echo(json.dumps({"key": key, "paused_for": made.paused_for}))
+    else:
+        click.echo(f"{key!r} is paused for {duration(made.paused_for)}, in every worker and beat")
 
 
 def _limits_call(session: Session, method: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:

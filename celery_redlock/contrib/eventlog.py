@@ -13,7 +13,8 @@ they are::
 Levels: ``lock_acquired``, ``lock_released``, ``slot_acquired`` and
 ``slot_released`` at DEBUG (one per run), so are ``debounce_published`` and
 ``debounce_superseded`` (one per publish), ``lock_busy``, ``slot_busy``,
-``rate_limited`` and ``duplicate_suppressed`` at INFO,
+``rate_limited``, ``rate_adapted`` and ``duplicate_suppressed`` at INFO,
+``rate_paused`` at WARNING (the service behind a limit refused a call),
 ``lock_lost`` at WARNING. Receivers are connected by :func:`install_logging`,
 never at import time.
 """
@@ -36,6 +37,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "lock_busy": ("waited", "action"),
     "lock_lost": ("held", "reason"),
     "rate_limited": ("retry_after", "action"),
+    "rate_paused": ("paused_for",),
+    "rate_adapted": ("change", "limit", "period"),
     "duplicate_suppressed": ("where",),
     "slot_acquired": ("waited", "limit", "slot"),
     "slot_released": ("held",),
@@ -50,6 +53,8 @@ _LEVELS = {
     "lock_busy": logging.INFO,
     "lock_lost": logging.WARNING,
     "rate_limited": logging.INFO,
+    "rate_paused": logging.WARNING,
+    "rate_adapted": logging.INFO,
     "duplicate_suppressed": logging.INFO,
     "slot_acquired": logging.DEBUG,
     "slot_released": logging.DEBUG,

@@ -29,6 +29,9 @@ with labels from small fixed sets, so lock keys never become label values:
 * ``celery_redlock_rate_limited_total`` (counter, ``action``: ``retry``,
   ``skip``, ``raise``, ``skip-publish``): runs or beat publishes refused by a
   global rate limit.
+* ``celery_redlock_rate_backoff_total`` (counter, ``change``: ``pause``,
+  ``decrease``, ``increase``): refusals reported by runs (``self.rate_limited()``),
+  each a pause, and changes of an adaptive rate in force (an increase counted once).
 * ``celery_redlock_duplicates_suppressed_total`` (counter, ``where``:
   ``publish``, ``worker``, ``beat``): singleton copies not queued or not run.
 * ``celery_redlock_slot_wait_seconds`` (histogram): from asking for a slot of
@@ -155,6 +158,12 @@ class RedlockMetrics:
             ["task", "action"],
             registry=registry,
         )
+        self.rate_backoff = Counter(
+            "celery_redlock_rate_backoff",
+            "Pauses reported by runs, and changes of adaptive rates in force, by change.",
+            ["task", "change"],
+            registry=registry,
+        )
         self.duplicates = Counter(
             "celery_redlock_duplicates_suppressed",
             "Singleton publishes or runs refused because a copy was queued or running.",
@@ -221,6 +230,14 @@ class RedlockMetrics:
         """``rate_limited``: count it by action."""
         self.rate_limited.labels(task_name_of(sender), str(action or "unknown")).inc()
 
+    def on_rate_paused(self, sender: Any = None, **_: Any) -> None:
+        """``rate_paused``: count it."""
+        self.rate_backoff.labels(task_name_of(sender), "pause").inc()
+
+    def on_rate_adapted(self, sender: Any = None, change: Any = None, **_: Any) -> None:
+        """``rate_adapted``: count it by direction."""
+        self.rate_backoff.labels(task_name_of(sender), str(change or "unknown")).inc()
+
     def on_duplicate_suppressed(self, sender: Any = None, where: Any = None, **_: Any) -> None:
         """``duplicate_suppressed``: count it by where it was caught."""
         self.duplicates.labels(task_name_of(sender), str(where or "unknown")).inc()
@@ -257,6 +274,8 @@ class RedlockMetrics:
             signals.lock_busy: self.on_lock_busy,
             signals.lock_lost: self.on_lock_lost,
             signals.rate_limited: self.on_rate_limited,
+            signals.rate_paused: self.on_rate_paused,
+            signals.rate_adapted: self.on_rate_adapted,
             signals.duplicate_suppressed: self.on_duplicate_suppressed,
             signals.slot_acquired: self.on_slot_acquired,
             signals.slot_released: self.on_slot_released,

@@ -17,7 +17,8 @@ The adaptive law, with the configured (or overridden) rate as its ceiling
 apply it on the server; :func:`lowered` and :meth:`Backoff.in_force` are the
 same in Python)::
 
-    on a refusal at t, unless the last decrease was less than P before t:
+    on a refusal at t, unless t is less than P after the end of the pause
+    that the last decrease set (or, without a pause, the decrease itself):
         L = max(FLOOR * C, DECREASE * min(rate in force at t, units admitted in
                 the last window: sliding limits only))
     rate in force at u >= t:  min(C, L + INCREASE * C * floor((u - t) / P)),

@@ -9,6 +9,8 @@
 --            learned          units per second the last decrease set
 --            since_us         when it was set
 --            steps            increases since then already reported
+--            calm_us          refusals before this time lower nothing (one
+--                             period after the pause of the last decrease)
 -- KEYS[2]  the limit's state under its algorithm (read only: what it admitted)
 -- KEYS[3]  the limit's override (read only: when set, its rate is the ceiling)
 -- ARGV[1]  pause_us: microseconds to pause from now (0: no pause; -1: one
@@ -25,8 +27,8 @@
 -- after it (units per period, as text).
 --
 -- The adaptive law (docs/rate-limiting.md#adaptive-rates; the same constants
--- as celery_redlock/ratelimit/rate_overrides.py): a refusal more than one period
--- after the last decrease sets the rate in force to
+-- as celery_redlock/ratelimit/rate_overrides.py): a refusal at least one period
+-- after the pause of the last decrease ended (calm_us) sets the rate in force to
 -- max(FLOOR * limit, DECREASE * min(rate in force, units the sliding window
 -- admitted)); ratelimit_hit.lua adds INCREASE * limit per whole period since.
 -- A pause is never shortened. The hash always gets a ttl: until the pause
@@ -77,8 +79,9 @@ end
 
 local time = call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local b = call('HMGET', backoff, 'paused_until_us', 'learned', 'since_us')
+local b = call('HMGET', backoff, 'paused_until_us', 'learned', 'since_us', 'calm_us')
 local until_us, learned, since = tonumber(b[1]) or 0, tonumber(b[2]), tonumber(b[3])
+local calm = tonumber(b[4]) or 0
 
 -- The rate in force now, units per period.
 local in_force = limit
@@ -88,7 +91,7 @@ if learned and since then
 end
 
 local lowered = 0
-if adapt == '1' and not (since and now - since < period_us) then
+if adapt == '1' and now >= calm then
     local base = in_force
     if algorithm == 'sliding' then
         -- What the window admitted: the fleet's real rate when the refusal came.
@@ -116,6 +119,12 @@ end
 if pause_us > 0 and now + pause_us > until_us then
     until_us = now + pause_us
     call('HSET', backoff, 'paused_until_us', format('%.0f', until_us))
+end
+if lowered == 1 then
+    -- Calls already on their way when the service refused are refused too,
+    -- and so is the first of those let through when the pause ends: one
+    -- decrease per refusal episode, as TCP lowers its window once per round trip.
+    call('HSET', backoff, 'calm_us', format('%.0f', max(until_us, now) + period_us))
 end
 
 -- Keep the hash until the pause ends and the rate is back at the limit.

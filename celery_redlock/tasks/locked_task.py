@@ -35,7 +35,7 @@ instead of finding its caller's lock busy.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import Task
 from celery._state import _task_stack
@@ -45,6 +45,7 @@ from ..errors import ConfigurationError
 from ..lock.redlock import Lock
 from ..lock.renewal import heartbeat
 from . import call_overrides as call_overrides
+from .features.rate_limit import RateGate
 from .key_templates import KeySource, task_arguments
 from .options import OPTION_NAMES, check_attributes
 from .policies import TaskPolicy
@@ -150,6 +151,10 @@ class LockedTask(Task):  # type: ignore[misc]
     #: Units one run takes in each limit (default 1), or a callable
     #: ``(args, kwargs) -> int`` (an API call that costs more than one unit).
     rate_limit_cost: Any = None
+    #: The configured rate is a ceiling: each refusal reported by
+    #: :meth:`rate_limited` lowers the rate in force, which climbs back while
+    #: none comes (the law: docs/rate-limiting.md, "Adaptive rates").
+    rate_limit_adaptive: bool | None = None
     #: At most this many runs at once per ``concurrency_key``, across every
     #: worker: each run holds a slot while its body runs (renewed like the
     #: lock, freed on every way out). A run finding every slot taken waits up
@@ -321,6 +326,21 @@ class LockedTask(Task):  # type: ignore[misc]
         run = TaskRun.current(self)
         for held in run.held if run is not None else ():
             heartbeat().progress(held, renew_now=True)
+
+    def rate_limited(self, retry_after: float | None = None, key: str | None = None) -> NoReturn:
+        """The service behind the rate limit refused: pause the key everywhere, re-queue.
+
+        See :meth:`.rategate.RateGate.refused`; raises, as ``self.retry()`` does. Example::
+
+            if resp.status_code == 429:
+                self.rate_limited(retry_after=float(resp.headers.get("Retry-After", 1)))
+        """
+        run = TaskRun.current(self)
+        if run is None or run.policy.rate is None:
+            problem = "rate_limited() is for the body of a task with a global rate limit"
+            raise ConfigurationError("global_rate_limit", problem, task=self.name)
+        gate = RateGate(self, run.policy.rate, run.args, run.kwargs)
+        gate.refused(run.request, run.requeue_uncounted, retry_after, key)
 
     def update_state(self, *args: Any, **kwargs: Any) -> None:
         """Store task state (Celery's ``update_state``); counts as progress."""

@@ -156,6 +156,7 @@ TASK_OPTIONS: tuple[TaskOption, ...] = (
         needs="global_rate_limit",
     ),
     TaskOption("rate_limit_cost", "rate", check.cost, 1, needs="global_rate_limit"),
+    TaskOption("rate_limit_adaptive", "rate", check.flag, False, needs="global_rate_limit"),
     # the per-key concurrency limit (a semaphore of slots, waited for like the run lock)
     TaskOption("concurrency_limit", "concurrency", check.slots),
     TaskOption("concurrency_key", "concurrency", _key_source, needs="concurrency_limit"),

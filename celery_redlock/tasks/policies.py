@@ -125,6 +125,8 @@ class TaskLimit:
     #: counts on ``<key>/<period>`` (``"api/s"``, ``"api/d"``), see
     #: :func:`~celery_redlock._layout.period_key`.
     period: float | None = None
+    #: Named by an entry of its own (``("10/s", "api")``), not by ``rate_limit_key``.
+    own_key: bool = False
 
     def render(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         """The limit's key for one call."""
@@ -151,6 +153,8 @@ class RatePolicy:
     #: Units one run takes: a whole number, or ``(args, kwargs) -> int``.
     cost: Cost
     on_limited: str
+    #: Refusals reported by ``rate_limited()`` lower the rate in force (``rate_limit_adaptive``).
+    adaptive: bool = False
 
     @classmethod
     def build(
@@ -162,6 +166,7 @@ class RatePolicy:
         algorithm: Algorithm,
         cost: Cost,
         on_limited: str,
+        adaptive: bool = False,
     ) -> RatePolicy:
         """Check the limits of ``global_rate_limit`` against the task; ConfigurationError if bad."""
         option = "global_rate_limit"
@@ -179,7 +184,7 @@ class RatePolicy:
             template = KeyTemplate(
                 source, default=task_name, task_name=task_name, option=key_option, plan=plan
             )
-            made.append(TaskLimit(template, entry.rate, chosen))
+            made.append(TaskLimit(template, entry.rate, chosen, own_key=entry.key is not None))
         limits = _separate_shared_keys(task_name, made)
         if isinstance(cost, int):
             for limit in limits:
@@ -189,7 +194,7 @@ class RatePolicy:
                         f"{cost} is more than the limit {limit.rate}: such a run could never start",
                         task=task_name,
                     )
-        return cls(task_name, limits, cost, on_limited)
+        return cls(task_name, limits, cost, on_limited, adaptive)
 
     def call_limits(
         self, args: Sequence[Any], kwargs: Mapping[str, Any], budget: str | None = None
@@ -366,6 +371,7 @@ class TaskPolicy:
                 algorithm=values["rate_limit_algorithm"],
                 cost=values["rate_limit_cost"],
                 on_limited=values["on_rate_limited"],
+                adaptive=values["rate_limit_adaptive"],
             )
         concurrency = None
         if limit is not None:

@@ -44,7 +44,7 @@ def simulate(hidden, seconds=44.0, offered=10.0, margin=0.05):
     Returns ``(time, admitted by the API)`` per call.
     """
     backoff: Backoff | None = None
-    lowered_at = -math.inf
+    lowered_at = calm = -math.inf
     paused_until = 0.0
     ours: deque[float] = deque()
     api: deque[float] = deque()
@@ -74,9 +74,10 @@ def simulate(hidden, seconds=44.0, offered=10.0, margin=0.05):
         calls.append((now, False))
         paused_until = max(paused_until, api[0] + 1.0)
         waiting.appendleft(paused_until)
-        if since >= CEILING.period:
+        if now >= calm:  # one period after the pause of the last decrease
             new = lowered(CEILING, rate, admitted=len(ours) * CEILING.period / window)
             backoff, lowered_at = Backoff("k", 0.0, new / CEILING.period, 0.0), now
+            calm = paused_until + CEILING.period
     return calls
 
 

@@ -80,6 +80,47 @@ class Witness:
         return [entry.decode().split() for entry in self.client.lrange("events", 0, -1)]
 
 
+class FakeApi:
+    """An API that refuses calls above a limit it keeps to itself, with a Retry-After.
+
+    The hidden limit (``api:hidden`` on the witness, calls per second, 0 for
+    none) is a sliding log of one second on the witness's clock; ``api:refuse``
+    set to N refuses the next N calls for ``api:retry_after`` seconds each.
+    Every call is recorded as an event: ``call api <task id> <time> <pid> ok=1``.
+    """
+
+    SCRIPT = """
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    if redis.call('DECR', 'api:refuse') >= 0 then
+        return tostring(redis.call('GET', 'api:retry_after'))
+    end
+    redis.call('SET', 'api:refuse', 0)
+    local hidden = tonumber(redis.call('GET', 'api:hidden') or '0')
+    redis.call('ZREMRANGEBYSCORE', 'api:log', '-inf', now - 1000000)
+    if hidden > 0 and redis.call('ZCARD', 'api:log') >= hidden then
+        local oldest = redis.call('ZRANGE', 'api:log', 0, 0, 'WITHSCORES')
+        return tostring((tonumber(oldest[2]) + 1000000 - now) / 1e6)
+    end
+    redis.call('ZADD', 'api:log', now, now .. ':' .. math.random())
+    redis.call('PEXPIRE', 'api:log', 2000)
+    return false
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.script = client.register_script(self.SCRIPT)
+
+    def call(self, task_id: str | None) -> float | None:
+        """None if the call went through, else its Retry-After in seconds."""
+        reply = self.script()
+        ok = reply is None
+        self.client.rpush(
+            "events", f"call api {task_id} {time.monotonic():.6f} {os.getpid()} {int(ok)}"
+        )
+        return None if ok else float(reply)
+
+
 def create_app(
     broker: str, nodes: list[str], witness_url: str, backend: str | None = None, **conf: Any
 ) -> Celery:
@@ -485,6 +526,40 @@ def create_app(
     )
     def rate_plan(self: Any, tenant: str) -> None:
         started(self, f"rate_plan:{tenant}")
+
+    # -- a service that refuses above a limit it keeps to itself (test_adaptive_rate.py) --
+
+    api = FakeApi(witness.client)
+
+    @task(
+        base=LockedTask,
+        bind=True,
+        name="t.api_pause",
+        global_rate_limit="20/s",
+        rate_limit_key="pause-api",
+        max_retries=0,
+    )
+    def api_pause(self: Any, n: int) -> int:
+        started(self, "api_pause")
+        retry_after = api.call(self.request.id)
+        if retry_after is not None:
+            self.rate_limited(retry_after=retry_after)
+        return n
+
+    @task(
+        base=LockedTask,
+        bind=True,
+        name="t.api_adaptive",
+        global_rate_limit="40/s",
+        rate_limit_key="adaptive-api",
+        rate_limit_adaptive=True,
+        max_retries=0,
+    )
+    def api_adaptive(self: Any, n: int) -> int:
+        retry_after = api.call(self.request.id)
+        if retry_after is not None:
+            self.rate_limited(retry_after=retry_after)
+        return n
 
     @task(
         base=LockedTask,

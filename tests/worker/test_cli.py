@@ -19,9 +19,11 @@ import pytest
 from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
+from prometheus_client import CollectorRegistry
 
 from celery_redlock import Redlock, signals
 from celery_redlock.cli.commands import redlock as redlock_command
+from celery_redlock.contrib import prometheus
 from celery_redlock.tasks.settings import limiter_for, redlock_for
 from celery_redlock.testing import RedisServer
 
@@ -667,3 +669,68 @@ def test_locks_shows_semaphore_holders_per_slot(app: Celery, redlock: Redlock) -
     assert [h["task_id"] for h in view["holders"]] == ["TASK-A"]
     first.release()
     assert json.loads(invoke(app, "locks", "--json").stdout)["semaphores"] == []
+
+
+def test_limits_pauses_and_resumes_a_key_for_every_worker(app: Celery) -> None:
+    limiter = limiter_for(app)
+    paused = invoke(app, "limits", "t.limited", "--pause", "30s")
+    assert paused.exit_code == 0, paused.output
+    assert "'t.limited' is paused for 30.0s, in every worker and beat" in paused.stdout
+    assert not limiter.hit("t.limited", "5/s").allowed
+    shown = invoke(app, "limits", "t.limited")
+    assert "paused: 30.0s more" in shown.stdout or "paused: 29" in shown.stdout
+    assert "--resume ends it" in shown.stdout
+    data = json.loads(invoke(app, "limits", "t.limited", "--json").stdout)
+    assert 29.0 < data["backoff"]["paused_for"] <= 30.0
+    assert 29.0 < data["limits"][0]["paused_for"] <= 30.0
+    resumed = invoke(app, "limits", "t.limited", "--resume")
+    assert "'t.limited' resumed" in resumed.stdout
+    assert limiter.hit("t.limited", "5/s").allowed
+    assert "was not paused" in invoke(app, "limits", "t.limited", "--resume").stdout
+    both = invoke(app, "limits", "t.limited", "--pause", "1s", "--resume")
+    assert both.exit_code == 2
+    assert "not both" in both.output
+
+
+def test_a_refusal_reported_by_a_run_is_signalled_counted_and_shown(app: Celery) -> None:
+    registry = CollectorRegistry()
+    metrics = prometheus.install(registry)
+    seen: list[tuple[str, str]] = []
+
+    def paused(sender: object = None, key: str = "", **_: object) -> None:
+        seen.append(("pause", key))
+
+    def adapted(sender: object = None, key: str = "", change: str = "", **_: object) -> None:
+        seen.append((change, key))
+
+    signals.rate_paused.connect(paused, weak=False)
+    signals.rate_adapted.connect(adapted, weak=False)
+    witness = app.witness.client  # type: ignore[attr-defined]
+    witness.set("api:retry_after", "0.3")
+    witness.set("api:refuse", 1)
+    try:
+        with in_process_worker(app, "threads"):
+            assert app.tasks["t.api_adaptive"].delay(1).get(timeout=30) == 1
+            time.sleep(1.1)  # a period without a refusal: the next decision finds a step up
+            assert app.tasks["t.api_adaptive"].delay(2).get(timeout=30) == 2
+    finally:
+        signals.rate_paused.disconnect(paused)
+        signals.rate_adapted.disconnect(adapted)
+        metrics.disconnect()
+    # the run's re-queue, or the second run, is the decision that finds each step up
+    assert seen[:2] == [("pause", "adaptive-api"), ("decrease", "adaptive-api")]
+    increases = seen[2:]
+    assert increases
+    assert set(increases) == {("increase", "adaptive-api")}
+    name = "celery_redlock_rate_backoff_total"
+    counted = {"pause": 1, "decrease": 1, "increase": len(increases)}
+    for change, count in counted.items():
+        labels = {"task": "t.api_adaptive", "change": change}
+        assert registry.get_sample_value(name, labels) == count
+    shown = invoke(app, "limits", "--task", "t.api_adaptive")
+    assert shown.exit_code == 0, shown.output
+    view = invoke(app, "limits", "adaptive-api")
+    # one run was admitted in the window when it was refused: 0.75 of one unit is below
+    # the floor (1 % of 40/s); then a step of 1 % of 40/s per second
+    assert "/s in force, under a ceiling of 40/s" in view.stdout
+    assert "adaptive: 0.4/s" not in view.stdout

@@ -23,6 +23,11 @@ starts, each in its own budget: ticks that piled up behind a busy worker
 start at the limit's pace, not in a burst, and nothing is counted twice in
 one budget.
 
+The task body can report that the service behind a limit refused a call
+(:meth:`RateGate.refused`, ``self.rate_limited()``): the key is paused for
+every worker and for beat's publishes, an adaptive limit's rate in force is
+lowered, and the run is re-queued for the pause's end like any limited run.
+
 When the limiter's Redis does not answer, a run is re-queued for later
 (``redlock_rate_limit_on_unavailable = "retry"``, the default: fail
 closed, not counted against ``max_retries``) or runs unchecked (``"allow"``,
@@ -44,8 +49,9 @@ from celery.result import EagerResult
 from celery.utils import uuid
 
 from ... import signals
-from ...errors import RateLimited, RateLimiterUnavailable
+from ...errors import ConfigurationError, RateLimited, RateLimiterUnavailable
 from ...ratelimit import Limit, RateLimitDecision
+from ...ratelimit.rates import Rate
 from ...transport.failure_text import short_error
 from ..policies import RatePolicy
 from ..settings import limiter_for
@@ -108,20 +114,28 @@ class RateGate:
         except RateLimiterUnavailable as exc:
             if request.called_directly or request.is_eager:  # nothing to re-queue
                 raise
-            countdown = LIMITER_DOWN_RETRY * random.uniform(0.5, 1.5)
-            # The limiter has logged the outage once; one line per run would flood the log.
-            logger.debug(
-                "task %s (%s): rate limit %s not checked, the limiter is unavailable; "
-                "re-queued, will run again in %.1f s",
-                self.task.name,
-                request.id,
-                self.keys,
-                countdown,
-            )
-            # Celery's retry line carries the same error, in one line.
-            requeue(countdown, short_error(exc, f"rate limit {self.keys} not checked"))
+            self._limiter_down(request, requeue, exc)
+        for limit in decision.limits:
+            if limit.raised:
+                self._adapted(request.id, limit.key, "increase", limit.limit, limit.period)
         if not decision.allowed:
             self._refused(decision, request, requeue)
+
+    def _limiter_down(
+        self, request: Any, requeue: Requeue, exc: RateLimiterUnavailable
+    ) -> NoReturn:
+        countdown = LIMITER_DOWN_RETRY * random.uniform(0.5, 1.5)
+        # The limiter has logged the outage once; one line per run would flood the log.
+        logger.debug(
+            "task %s (%s): rate limit %s not checked, the limiter is unavailable; "
+            "re-queued, will run again in %.1f s",
+            self.task.name,
+            request.id,
+            self.keys,
+            countdown,
+        )
+        # Celery's retry line carries the same error, in one line.
+        requeue(countdown, short_error(exc, f"rate limit {self.keys} not checked"))
 
     def _refused(self, decision: RateLimitDecision, request: Any, requeue: Requeue) -> NoReturn:
         task, action = self.task, self.policy.on_limited
@@ -152,6 +166,70 @@ class RateGate:
         # come back at the same moment.
         spread = tightest.period / tightest.limit
         requeue(decision.retry_after + random.uniform(0.0, spread), error)
+
+    def refused(
+        self, request: Any, requeue: Requeue, retry_after: float | None, key: str | None
+    ) -> NoReturn:
+        """The service behind a limit refused this run's call: pause, adapt, re-queue.
+
+        Pauses the limit's key (``key``; default: the limits on the task's
+        ``rate_limit_key``) for every worker and for beat's publishes until
+        ``retry_after`` seconds have passed (``None``: one interval of the rate
+        in force; a longer pause in force stays), lowers the rate in force of a
+        ``rate_limit_adaptive`` task, and re-queues this run for the pause's
+        end, not counted against ``max_retries``.
+        """
+        task = self.task
+        limits = [
+            limit
+            for limit, made in zip(self.limits, self.policy.limits, strict=True)
+            if (limit.key == key if key is not None else not made.own_key)
+        ]
+        if not limits:
+            raise ConfigurationError(
+                "key",
+                f"rate_limited(key={key!r}): task {task.name!r} has no limit on that key; "
+                f"its keys are {self.keys}",
+                task=task.name,
+            )
+        limiter = limiter_for(task.app)
+        paused_for = 0.0
+        for limit in limits:
+            try:
+                backoff = limiter.refused(limit, retry_after, adapt=self.policy.adaptive)
+            except RateLimiterUnavailable as exc:
+                if request.called_directly or request.is_eager:
+                    raise
+                self._limiter_down(request, requeue, exc)
+            paused_for = max(paused_for, backoff.paused_for)
+            signals.rate_paused.send(
+                sender=task, task_id=request.id, key=limit.key, paused_for=backoff.paused_for
+            )
+            if backoff.lowered and backoff.learned is not None:
+                rate = limit.rate if isinstance(limit.rate, Rate) else None
+                period = rate.period if rate is not None else 1.0
+                self._adapted(request.id, limit.key, "decrease", backoff.learned * period, period)
+        error = RateLimited(
+            f"task {task.name!r} ({request.id}): the service behind rate limit "
+            f"{', '.join(repr(limit.key) for limit in limits)} refused; paused for "
+            f"{paused_for:.2f} s",
+            key=limits[0].key,
+            retry_after=paused_for,
+        )
+        logger.info(
+            "task %s: %s paused for %.2f s (refused by its service); re-queued",
+            request.id,
+            limits[0].key,
+            paused_for,
+        )
+        if request.called_directly:
+            raise error
+        requeue(paused_for + random.uniform(0.0, 0.1 * max(paused_for, 0.1)), error)
+
+    def _adapted(self, task_id: Any, key: str, change: str, limit: float, period: float) -> None:
+        signals.rate_adapted.send(
+            sender=self.task, task_id=task_id, key=key, change=change, limit=limit, period=period
+        )
 
     # -- at beat's publish ---------------------------------------------------------
 

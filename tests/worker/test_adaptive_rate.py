@@ -1,0 +1,121 @@
+"""A service that refuses above a limit nobody configured: the fleet pauses, and finds its limit.
+
+Two ``celery worker`` processes (threads pool, four threads each) run tasks
+that call :class:`.support.FakeApi`, which refuses with a Retry-After above a
+hidden limit. Judged from the times the workers record (monotonic clock,
+shared by the processes of one host): run starts and API calls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from celery_redlock import config
+from celery_redlock.testing import ServerGroup
+
+from .support import WorkerProcess, admissions, create_app
+
+pytestmark = [pytest.mark.celery, pytest.mark.slow]
+
+THREADS = 4
+
+
+@pytest.fixture(scope="module")
+def cluster(server_pool: ServerGroup, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    server_pool.heal()
+    for server in server_pool:
+        server.flush()
+    servers = list(server_pool)
+    nodes, broker, witness = [s.url for s in servers[:3]], servers[3], servers[-1]
+    folder = tmp_path_factory.mktemp("adaptive")
+    workers = [
+        WorkerProcess(broker.url, nodes, witness, folder / f"worker{n}.log", "threads", THREADS)
+        for n in range(2)
+    ]
+    app = create_app(broker.url, nodes, witness.url)
+    try:
+        yield app
+    finally:
+        for worker in workers:
+            worker.stop()
+        config.forget(app)
+        app.close()
+        server_pool.heal()
+
+
+def api_calls(app: Any) -> list[tuple[float, str, bool]]:
+    """``(time, task id, went through)`` of each call the fake API took, in time order."""
+    calls = [(float(e[3]), e[2], e[5] == "1") for e in app.witness.events() if e[0] == "call"]
+    return sorted(calls)
+
+
+def test_after_a_refusal_no_run_of_the_key_starts_anywhere_until_retry_after(cluster) -> None:
+    witness = cluster.witness.client
+    witness.set("api:retry_after", "2.0")
+    witness.set("api:refuse", 1)  # the first call is refused, Retry-After: 2 s
+    results = [cluster.tasks["t.api_pause"].delay(n) for n in range(30)]
+    # every run ran once, though each has max_retries=0: a pause's re-queue spends none
+    assert sorted(result.get(timeout=60) for result in results) == list(range(30))
+    calls = api_calls(cluster)
+    refused = [at for at, _, ok in calls if not ok]
+    assert len(refused) == 1
+    went = [task_id for _, task_id, ok in calls if ok]
+    assert sorted(went) == sorted(result.id for result in results)
+    # A run whose delivery began after the refusal was admitted after the pause
+    # was written (which is after the refusal): it starts once the pause is over.
+    ends = refused[0] + 2.0
+    after = [(prerun, start) for prerun, start in admissions(cluster, "start", "api_pause")]
+    late = [start for prerun, start in after if prerun > refused[0]]
+    assert late, "no run was delivered after the refusal"
+    early = [start - refused[0] for start in late if start < ends - 0.005]
+    assert early == [], f"runs started {early} s after the refusal, inside its 2 s pause"
+
+
+#: (seconds from the start, hidden limit per second): 8/s, 4/s from 16 s, 8/s again from 28 s.
+SCHEDULE = ((0.0, 8), (16.0, 4), (28.0, 8))
+OFFERED = 10.0
+END = 40.0
+
+
+def test_the_fleet_converges_on_the_hidden_limit_and_follows_it(cluster) -> None:
+    witness = cluster.witness.client
+    task = cluster.tasks["t.api_adaptive"]
+    began = time.monotonic()
+    changes = []
+    pending = list(SCHEDULE)
+    sent = 0
+    while (now := time.monotonic() - began) < END:
+        if pending and now >= pending[0][0]:
+            _at, hidden = pending.pop(0)
+            witness.set("api:hidden", hidden)
+            changes.append(time.monotonic())
+        while sent < now * OFFERED:
+            task.apply_async((sent,))
+            sent += 1
+        time.sleep(0.02)
+    calls = api_calls(cluster)
+    # nothing ran twice: one successful call per task id at most
+    went = [task_id for _, task_id, ok in calls if ok]
+    assert len(went) == len(set(went))
+
+    def measured(start: float, end: float) -> tuple[float, float]:
+        inside = [ok for at, _, ok in calls if start <= at < end]
+        return sum(inside) / (end - start), 1 - sum(inside) / max(len(inside), 1)
+
+    steady = measured(changes[0] + 6.0, changes[1])
+    lower = measured(changes[1] + 4.0, changes[2])
+    back = measured(changes[2] + 6.0, began + END)
+    curve = [round(measured(t, t + 2.0)[0], 1) for t in range(int(began), int(began + END), 2)]
+    print(f"8/s: {steady}, 4/s: {lower}, 8/s again: {back}; per 2 s: {curve}")
+    # Measured on a loaded 2-core machine: 85 % of 8/s with 3 % refused, 81 % of
+    # 4/s with 10 % refused, 79 % of 8/s from 6 s after it came back
+    # (docs/rate-limiting.md); asserted with a margin for slower runs.
+    assert steady[0] >= 0.7 * 8
+    assert steady[1] <= 0.08
+    assert lower[0] >= 0.65 * 4
+    assert lower[1] <= 0.2
+    assert back[0] >= 0.65 * 8
