@@ -11,7 +11,10 @@ in docs/performance.md come from, not a measurement of their own:
 * ``lock-latency.png``: median acquire + release latency by node count, for
   celery_redlock, pottery and bare redis-py, against the single-node floor;
 * ``handoff.png``: distribution of hand-off latencies with 4 processes;
-* ``tasks.png``: worker throughput by task kind, median and best round.
+* ``tasks.png``: worker throughput by task kind, median and best round;
+* ``adaptive.png`` (docs/rate-limiting.md): calls an adaptive limit let
+  through per second, against the service's hidden limit
+  (``adaptive_bench.py --save``).
 """
 
 from __future__ import annotations
@@ -123,14 +126,42 @@ def finish(figure: Any, path: Path) -> Path:
     return path
 
 
+def adaptive_chart(calls: list[list[Any]], out: Path) -> Path:
+    end = int(max(at for at, _, _ in calls)) + 1
+    went = [0] * end
+    refused = [0] * end
+    hidden = [0] * end
+    for at, ok, limit in calls:
+        (went if ok else refused)[int(at)] += 1
+        hidden[int(at)] = limit
+    figure, axis = plt.subplots(figsize=(6.4, 3.6))
+    seconds = list(range(end))
+    axis.step(seconds, hidden, where="post", color="grey", linestyle=":", label="hidden limit")
+    axis.step(seconds, went, where="post", label="calls let through, per second")
+    axis.bar(
+        seconds, refused, align="edge", width=1.0, color="tab:red", alpha=0.5, label="refused (429)"
+    )
+    axis.set_xlabel("seconds")
+    axis.set_ylabel("calls per second")
+    axis.set_ylim(0, 12)
+    axis.legend(loc="upper right", fontsize="small")
+    axis.set_title('"40/s" ceiling, 10 calls/s offered, rate_limit_adaptive')
+    figure.tight_layout()
+    path = out / "adaptive.png"
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lock", metavar="JSON", help="saved by lock_bench.py --save")
     parser.add_argument("--tasks", metavar="JSON", help="saved by task_bench.py --save")
+    parser.add_argument("--adaptive", metavar="JSON", help="saved by adaptive_bench.py --save")
     parser.add_argument("--out", default="docs/img", help="where the PNG files go")
     args = parser.parse_args()
-    if not (args.lock or args.tasks):
-        parser.error("give --lock and/or --tasks")
+    if not (args.lock or args.tasks or args.adaptive):
+        parser.error("give --lock, --tasks and/or --adaptive")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -139,6 +170,8 @@ def main() -> None:
         written += [lock_latency_chart(lock["timings"], out), handoff_chart(lock["handoffs"], out)]
     if args.tasks:
         written.append(tasks_chart(json.loads(Path(args.tasks).read_text())["runs"], out))
+    if args.adaptive:
+        written.append(adaptive_chart(json.loads(Path(args.adaptive).read_text())["calls"], out))
     print("wrote " + ", ".join(str(path) for path in written))
 
 
