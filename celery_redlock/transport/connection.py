@@ -401,10 +401,6 @@ class Link:
             self.dirty = False
         return parsed == budget and bool(buffer)
 
-    def ready_to_read(self) -> bool:
-        """Whether :attr:`inbuf` may hold a complete reply not yet dispatched."""
-        return bool(self.inbuf)
-
     # -- closing -------------------------------------------------------------------------
 
     def close(self, cause: BaseException) -> None:
