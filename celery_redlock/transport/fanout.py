@@ -63,7 +63,7 @@ import select
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
@@ -72,10 +72,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .commands import Call, Command, NodeFailure, NodeResult, NotWaitedFor, checked
 from .connection import POLLIN, POLLOUT, Link, LinkBroken, Slot
 
-if TYPE_CHECKING:
-    from .nodes import Node
-
-__all__ = ["BULK_CALLS", "PER_CALL_ALLOWANCE", "Enough", "fan_out", "hub"]
+__all__ = ["BULK_CALLS", "PER_CALL_ALLOWANCE", "Enough", "FanOutNode", "fan_out", "hub"]
 
 logger = logging.getLogger("celery_redlock.nodes")
 
@@ -108,6 +105,34 @@ _LEADER_GRACE = 1.0
 Enough = Callable[[Sequence[NodeResult | None]], bool]
 
 
+class FanOutNode(Protocol):
+    """What the fan-out needs of a node (:class:`~.nodes.Node` is one)."""
+
+    name: str
+    #: Left a command unanswered past its deadline: waited for only a moment.
+    suspect: bool
+
+    @property
+    def direct(self) -> object:
+        """A client object reached through its own methods (:meth:`run_direct`), or None."""
+
+    @property
+    def sentinel(self) -> object:
+        """The Sentinel-managed master it stands for (:meth:`locate` first), or None."""
+
+    def run_direct(self, calls: Sequence[Call | Command]) -> NodeResult:
+        """Run ``calls`` through :attr:`direct`."""
+
+    def locate(self) -> BaseException | None:
+        """Point a Sentinel-managed node's links at its master; why it is unusable, or None."""
+
+    def link(self, *, bulk: bool = False) -> Link:
+        """The node's shared link (``bulk``: the one for large batches)."""
+
+    def demoted(self) -> None:
+        """The node answered ``READONLY``."""
+
+
 class _Part:
     """One node's share of a fan-out: its commands and, in time, its replies."""
 
@@ -126,7 +151,9 @@ class _Part:
         "replies",
     )
 
-    def __init__(self, op: _Op, index: int, node: Node, calls: Sequence[Call | Command]) -> None:
+    def __init__(
+        self, op: _Op, index: int, node: FanOutNode, calls: Sequence[Call | Command]
+    ) -> None:
         self.op = op
         self.index = index
         self.node = node
@@ -647,7 +674,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def fan_out(
-    nodes: Sequence[Node],
+    nodes: Sequence[FanOutNode],
     calls: Sequence[Sequence[Call | Command]],
     timeout: float,
     *,
@@ -822,7 +849,7 @@ def _one(call: Call | Command) -> _Payload:
 
 
 def _pack(
-    nodes: Sequence[Node], calls: Sequence[Sequence[Call | Command]], skip: set[int]
+    nodes: Sequence[FanOutNode], calls: Sequence[Sequence[Call | Command]], skip: set[int]
 ) -> list[tuple[int, _Payload]]:
     """Each socket node's payload (but those in ``skip``); each call and each list packed once."""
     singles: dict[int, _Payload] = {}
