@@ -26,7 +26,7 @@ from redis.connection import Connection, SSLConnection, UnixDomainSocketConnecti
 from redis.exceptions import RedisError
 
 from ..errors import ConfigurationError
-from . import fanout as _fanout
+from . import hub
 from .commands import Call, Command, NodeFailure, NodeResult, NotWaitedFor
 from .connection import Link
 from .endpoint import Endpoint, bad, prepare_tls
@@ -88,7 +88,7 @@ class Node:
         self._timeout = timeout
         self._client: redis.Redis | None = direct
         self._links: dict[str, Link] = {}
-        self._generation = _fanout.generation
+        self._generation = hub.generation
 
     @property
     def identity(self) -> Endpoint | SentinelMaster | None:
@@ -172,12 +172,12 @@ class Node:
 
     def link(self, *, bulk: bool = False) -> Link:
         """The shared link for small commands, or the one for large batches."""
-        if self._generation != _fanout.generation:
+        if self._generation != hub.generation:
             # Forked: the parent's sockets are not ours to use.
             for old in self._links.values():
                 old.drop()
             self._links = {}
-            self._generation = _fanout.generation
+            self._generation = hub.generation
         role = "bulk" if bulk else "interactive"
         found = self._links.get(role)
         if found is None:
@@ -205,12 +205,12 @@ class Node:
                 self._finder.close()
 
     def _close_links(self) -> None:
-        if self._generation == _fanout.generation:
-            hub = _fanout.hub()
-            with hub.lock:
+        if self._generation == hub.generation:
+            the_hub = hub.shared()
+            with the_hub.lock:
                 for link in self._links.values():
-                    hub.close_link(link, ConnectionError(f"{self.name}: closed"))
-                hub.wake()
+                    the_hub.close_link(link, ConnectionError(f"{self.name}: closed"))
+                the_hub.wake()
         self._links = {}
 
     def __repr__(self) -> str:

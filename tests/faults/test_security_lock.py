@@ -325,9 +325,9 @@ def late_part_on_paused_tls_node(nodes, tls_server, name: str) -> tuple[Redlock,
 
 
 def test_a_failing_flusher_is_logged_and_replaced(nodes, tls_server, monkeypatch, caplog):
-    from celery_redlock.transport import fanout as _fanout
+    from celery_redlock.transport import hub as shared_hub
 
-    real_lead = _fanout._Hub.lead
+    real_lead = shared_hub.Hub.lead
     failures = []
 
     def lead_failing_once_in_the_flusher(hub, op):
@@ -336,7 +336,7 @@ def test_a_failing_flusher_is_logged_and_replaced(nodes, tls_server, monkeypatch
             raise RuntimeError("flusher broken on purpose")
         return real_lead(hub, op)
 
-    monkeypatch.setattr(_fanout._Hub, "lead", lead_failing_once_in_the_flusher)
+    monkeypatch.setattr(shared_hub.Hub, "lead", lead_failing_once_in_the_flusher)
     caplog.set_level(logging.ERROR, logger="celery_redlock.nodes")
     first, _ = late_part_on_paused_tls_node(nodes, tls_server, "flush-a")
     deadline = time.monotonic() + 5.0

@@ -21,7 +21,7 @@ import traceback  # noqa: E402
 from eventlet.event import Event  # noqa: E402
 
 from celery_redlock import Redlock  # noqa: E402
-from celery_redlock.transport import fanout as _fanout  # noqa: E402
+from celery_redlock.transport import hub as shared_hub  # noqa: E402
 from celery_redlock.transport.connection import POLLIN  # noqa: E402
 
 #: A waiter that had to poll would sleep at least half of this before looking again.
@@ -102,7 +102,7 @@ def stray_wakeups(rounds: int = 20) -> int:
     strays = 0
     for _ in range(rounds):
         pairs = [socket.socketpair() for _ in range(2)]
-        poller = _fanout._poller()
+        poller = shared_hub._poller()
         for ours, theirs in pairs:
             theirs.send(b"+OK\r\n")
             poller.register(ours.fileno(), POLLIN)

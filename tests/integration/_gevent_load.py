@@ -15,7 +15,7 @@ import sys  # noqa: E402
 import gevent  # noqa: E402
 
 from celery_redlock import Redlock  # noqa: E402
-from celery_redlock.transport import fanout as _fanout  # noqa: E402
+from celery_redlock.transport import hub as shared_hub  # noqa: E402
 
 
 def main() -> None:
@@ -51,7 +51,7 @@ def main() -> None:
     gevent.killall(victims)
     after_kill = len(failures)
     gevent.joinall([gevent.spawn(work, 20_000 + n) for n in range(50)], raise_error=True)
-    hub = _fanout.hub()
+    hub = shared_hub.shared()
     print(
         json.dumps(
             {

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_redlock.transport import fanout as _fanout
+from celery_redlock.transport import hub as shared_hub
 from celery_redlock.transport.nodes import Command, fan_out, make_nodes
 from tests.support import client_addresses
 
@@ -79,7 +79,7 @@ def test_200_threads_in_one_process(servers, make_redlock):
     for thread in threads:
         thread.join(120)
     assert failures == []
-    hub = _fanout.hub()
+    hub = shared_hub.shared()
     assert not hub.leading
     assert hub.followers == []
     opened = [client_addresses(node) - old for node, old in zip(nodes, before, strict=True)]
@@ -110,7 +110,7 @@ def test_each_thread_gets_its_own_replies_from_whoever_reads_them(servers):
     for thread in threads:
         thread.join(120)
     assert failures == []
-    hub = _fanout.hub()
+    hub = shared_hub.shared()
     assert not hub.leading
     assert hub.followers == []
     for node in nodes:

@@ -153,10 +153,6 @@ LONG_MODULES = {
         "one job, a node's address and login: the Endpoint, its TLS settings and the "
         "URL rules, read from a URL or from a redis-py client"
     ),
-    "celery_redlock.transport.fanout": (
-        "one job, the fan-out's poll loop: leader hand-off, deadlines, suspect nodes "
-        "and batching share one lock and one state"
-    ),
     "celery_redlock.transport.connection": (
         "one job, one connection's state machine: non-blocking connect, TLS over a "
         "memory BIO, login, FIFO pipeline; every method runs under the fan-out's lock"
