@@ -29,10 +29,11 @@ from ..errors import ConfigurationError
 from . import hub
 from .commands import Call, Command, NodeFailure, NodeResult, NotWaitedFor
 from .connection import Link
-from .endpoint import Endpoint, bad, prepare_tls
+from .endpoint import Endpoint, prepare_tls
 from .fanout import fan_out
 from .redis_py_client import run_direct
 from .sentinel import SENTINEL_SCHEME, MasterFinder, SentinelMaster
+from .url_options import bad
 
 __all__ = [
     "Call",

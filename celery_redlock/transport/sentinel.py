@@ -25,7 +25,8 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from .endpoint import Endpoint, bad, check_options, integer, query_options, redact
+from .endpoint import Endpoint
+from .url_options import bad, check_options, integer, query_options, redact
 
 __all__ = ["SENTINEL_SCHEME", "MasterFinder", "SentinelMaster"]
 

@@ -7,9 +7,9 @@ import logging
 import pytest
 
 from celery_redlock.errors import ConfigurationError
-from celery_redlock.transport.endpoint import redact
 from celery_redlock.transport.nodes import make_nodes
 from celery_redlock.transport.sentinel import SentinelMaster
+from celery_redlock.transport.url_options import redact
 
 
 def test_kombus_form_with_the_master_name_as_a_query_option() -> None:
