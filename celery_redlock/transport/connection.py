@@ -116,8 +116,7 @@ class Slot:
 class _Login:
     """The replies to the login commands: any error closes the link with it."""
 
-    def __init__(self, link: Link, commands: list[str]) -> None:
-        self.link = link
+    def __init__(self, commands: list[str]) -> None:
         self.commands = commands
 
     def deliver(self, link: Link, replies: list[Any]) -> None:
@@ -247,7 +246,7 @@ class Link:
         if commands:
             self.out += b"".join(pack(command) for command in commands)
             names = [str(command[0]) for command in commands]
-            self.pending.append(Slot(len(commands), _Login(self, names)))
+            self.pending.append(Slot(len(commands), _Login(names)))
 
     def _connected(self) -> None:
         self.connecting = False
