@@ -28,67 +28,20 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from redis.exceptions import (
-    AuthenticationError,
-    BusyLoadingError,
-    ExecAbortError,
-    NoPermissionError,
-    NoScriptError,
-    OutOfMemoryError,
-    ReadOnlyError,
-    RedisError,
-    ResponseError,
-)
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 from .endpoint import Endpoint
+from .error_replies import LinkBroken, error_reply
 from .resp import INCOMPLETE, ErrorReply, ProtocolError, pack, parse
 
-__all__ = ["POLLIN", "POLLOUT", "Link", "Slot", "error_reply"]
+__all__ = ["POLLIN", "POLLOUT", "Link", "Slot"]
 
 POLLIN = select.POLLIN
 POLLOUT = select.POLLOUT
 _WOULD_BLOCK = (BlockingIOError, InterruptedError)
 _RECV_SIZE = 256 * 1024
 _SEND_SIZE = 256 * 1024
-
-# Error replies that say the node cannot serve this connection at all: the
-# link is closed and every caller waiting on it is told the node failed.
-_NODE_ERRORS: dict[str, type[RedisError]] = {
-    "NOAUTH": AuthenticationError,
-    "WRONGPASS": AuthenticationError,
-    "LOADING": BusyLoadingError,
-    "MASTERDOWN": RedisConnectionError,
-    "BUSY": RedisConnectionError,
-}
-# Error replies about one command: returned in its place, as redis-py's class.
-_COMMAND_ERRORS: dict[str, type[ResponseError]] = {
-    "NOSCRIPT": NoScriptError,
-    "READONLY": ReadOnlyError,
-    "OOM": OutOfMemoryError,
-    "NOPERM": NoPermissionError,
-    "EXECABORT": ExecAbortError,
-}
-
-
-class LinkBroken(Exception):
-    """Raised inside a link when the node can no longer be trusted on it."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-def error_reply(text: str) -> ResponseError:
-    """redis-py's exception for an error reply about one command (``NoScriptError``…).
-
-    Raises:
-        LinkBroken: the reply says the node cannot serve the connection.
-    """
-    prefix = text.split(" ", 1)[0]
-    if prefix in _NODE_ERRORS or text.startswith("ERR max number of clients"):
-        raise LinkBroken(_NODE_ERRORS.get(prefix, RedisConnectionError)(text))
-    return _COMMAND_ERRORS.get(prefix, ResponseError)(text)
 
 
 class Target(Protocol):

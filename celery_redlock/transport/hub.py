@@ -20,7 +20,8 @@ from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from .connection import POLLIN, POLLOUT, Link, LinkBroken, Slot
+from .connection import POLLIN, POLLOUT, Link, Slot
+from .error_replies import LinkBroken
 from .operation import Op
 
 __all__ = ["Flush", "Hub", "generation", "shared"]

@@ -149,10 +149,6 @@ def test_every_import_inside_a_function_is_listed_with_its_reason() -> None:
 #: A module that grows past the limit is split by job, or listed here.
 LONG = 400
 LONG_MODULES = {
-    "celery_redlock.transport.connection": (
-        "one job, one connection's state machine: non-blocking connect, TLS over a "
-        "memory BIO, login, FIFO pipeline; every method runs under the fan-out's lock"
-    ),
     "celery_redlock.lock.lock": (
         "one job, one named lock: acquire, extend, release and their outcomes, "
         "documented rule by rule"
