@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 
 from .. import _clock
 from ..lock.redlock import Redlock
+from ..transport.failure_text import detail
 from ..transport.nodes import Command, NodeFailure, fan_out
 from .node_access import NodeClient
 
@@ -49,8 +50,7 @@ def ping(redlock: Redlock) -> list[NodeHealth]:
     found = []
     for node, result in zip(nodes, results, strict=True):
         if isinstance(result, NodeFailure):
-            error = str(result).removeprefix(f"{node.name}: ")
-            found.append(NodeHealth(node=node.name, ok=False, error=error))
+            found.append(NodeHealth(node=node.name, ok=False, error=detail(result)))
         elif isinstance(result[0], Exception):
             found.append(NodeHealth(node=node.name, ok=False, error=str(result[0])))
         else:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 
 from .. import _clock
 from ..errors import LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
-from ..transport.commands import NodeFailure
+from ..transport.failure_text import detail
 from .release_wakeup import ReleaseListener, sleep
 
 if TYPE_CHECKING:
@@ -130,10 +130,7 @@ class Lease:
     def _quorum_unavailable(self, outcome: Outcome) -> QuorumUnavailable:
         """The error for an attempt that fewer than a majority of nodes answered."""
         redlock = self.redlock
-        said = "; ".join(
-            str(error) if isinstance(error, NodeFailure) else f"{node}: {error}"  # named already
-            for node, error in outcome.failures.items()
-        )
+        said = "; ".join(f"{node}: {detail(error)}" for node, error in outcome.failures.items())
         return QuorumUnavailable(
             f"{self.kind} {self.name!r}: only {outcome.answered} of {len(redlock.nodes)} Redis "
             f"nodes answered, {redlock.quorum} needed; check the nodes ({said})",

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import _clock
+from ..transport.failure_text import detail
 from ..transport.nodes import Node
 
 __all__ = ["NodeStatus", "Routes", "logger"]
@@ -91,7 +92,7 @@ class Routes:
     def failed(self, route: _Route, error: BaseException, took: float) -> None:
         """Record that ``route`` made no decision; log it if it was answering."""
         now = _clock.monotonic()
-        text = str(error).removeprefix(f"{route.node.name}: ")
+        text = detail(error)
         with self._lock:
             was_up = route.down_since is None
             route.error = text

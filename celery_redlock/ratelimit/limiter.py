@@ -14,6 +14,7 @@ from .._layout import RATE_PREFIX, RateKeys
 from .._scripts import load
 from .._validators import MAX_NODE_TIMEOUT, MIN_NODE_TIMEOUT, positive_int, seconds
 from ..errors import ConfigurationError, RateLimiterUnavailable
+from ..transport.failure_text import detail
 from ..transport.nodes import Call, Command, Node, NodeFailure, fan_out
 from .algorithms import ALGORITHMS, DEFAULT_ALGORITHM, Algorithm, check_algorithm
 from .decision import RateLimitDecision, from_reply, unchecked
@@ -487,10 +488,7 @@ class RateLimiter:
     ) -> RateLimiterUnavailable:
         shown = ", ".join(map(repr, keys))
         if failures:
-            details = "; ".join(
-                f"Redis at {name}: {str(error).removeprefix(f'{name}: ')}"
-                for name, error in failures
-            )
+            details = "; ".join(f"Redis at {name}: {detail(error)}" for name, error in failures)
             node = failures[0][0]
         else:
             down = [status for status in self._routes.status() if not status.answering]

@@ -32,11 +32,17 @@ class NodeFailure(Exception):
 
     Attributes:
         node: the node's display name.
+        cause: why, the original error (also ``__cause__``); put in words by
+            :mod:`.failure_text`.
     """
 
     def __init__(self, node: str, cause: BaseException) -> None:
-        super().__init__(f"{node}: {cause}")
+        super().__init__(node, cause)
         self.node = node
+        self.cause = self.__cause__ = cause
+
+    def __str__(self) -> str:
+        return f"{self.node}: {self.cause}"
 
 
 class NotWaitedFor(NodeFailure):

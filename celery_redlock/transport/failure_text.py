@@ -1,5 +1,8 @@
-"""One-line summaries of unreachable Redis nodes, for log lines repeated at every re-queue.
+"""Why a node failed, in words: the one place a :class:`~.commands.NodeFailure` is read as text.
 
+:func:`detail` gives a failure's cause as it reads; :func:`reason` a few
+words of it. The one-line summaries are for log lines repeated at every
+re-queue.
 ``QuorumUnavailable`` carries each failed node's full error; a worker that
 re-queues tasks while nodes are down says it once per re-queue, so it says
 it short::
@@ -14,8 +17,9 @@ import re
 from collections.abc import Mapping
 
 from ..errors import QuorumUnavailable, RateLimiterUnavailable
+from .commands import NodeFailure
 
-__all__ = ["reason", "short_error", "summary"]
+__all__ = ["detail", "reason", "short_error", "summary"]
 
 #: Longest reason kept for one node.
 _REASON_CHARS = 60
@@ -23,9 +27,14 @@ _REASON_CHARS = 60
 _REDIS_PY_CONNECT = re.compile(r"^Error \d+ connecting to \S+?\. (?P<why>.+?)\.?$")
 
 
-def reason(node: str, error: BaseException | str) -> str:
-    """Why ``node`` failed, in a few words: ``connection refused``, ``no reply within ...``."""
-    text = str(error).removeprefix(f"{node}: ").strip()
+def detail(error: BaseException) -> str:
+    """Why a node failed, without the node's name: a failure's cause as it reads."""
+    return str(error.cause if isinstance(error, NodeFailure) else error)
+
+
+def reason(error: BaseException) -> str:
+    """Why a node failed, in a few words: ``connection refused``, ``no reply within ...``."""
+    text = detail(error).strip()
     matched = _REDIS_PY_CONNECT.match(text)
     if matched:
         text = matched.group("why")
@@ -36,14 +45,14 @@ def reason(node: str, error: BaseException | str) -> str:
 
 
 def _nodes(failures: Mapping[str, BaseException]) -> str:
-    return "; ".join(f"{node}: {reason(node, error)}" for node, error in failures.items())
+    return "; ".join(f"{node}: {reason(error)}" for node, error in failures.items())
 
 
 def summary(error: QuorumUnavailable | RateLimiterUnavailable) -> str:
     """One line: how many lock nodes answered and why the others did not, or the limiter's node."""
     if isinstance(error, RateLimiterUnavailable):
         cause = error.__cause__ if error.__cause__ is not None else error
-        return f"rate-limit Redis {error.node} did not answer ({reason(error.node, cause)})"
+        return f"rate-limit Redis {error.node} did not answer ({reason(cause)})"
     total = error.answered + len(error.failures)
     text = f"{error.answered} of {total} lock nodes answered, {error.needed} needed"
     return f"{text} ({_nodes(error.failures)})" if error.failures else text

@@ -16,7 +16,7 @@ from celery_redlock.errors import QuorumUnavailable, RateLimiterUnavailable
 from celery_redlock.tasks import settings as config
 from celery_redlock.tasks.settings import KNOWN_SETTINGS, Settings, node_fallback, unknown_settings
 from celery_redlock.transport.commands import NodeFailure
-from celery_redlock.transport.failure_text import reason, short_error, summary
+from celery_redlock.transport.failure_text import detail, reason, short_error, summary
 
 NODE = "redis://127.0.0.1:1/0"
 
@@ -188,7 +188,14 @@ class TestRequeueSummary:
         )
         assert isinstance(short_error(error, "rate limit 'api' not checked"), type(error))
 
+    def test_a_node_failure_keeps_its_cause(self) -> None:
+        cause = OSError("Connection refused")
+        failure = NodeFailure("n", cause)
+        assert failure.cause is cause
+        assert failure.__cause__ is cause
+        assert (str(failure), detail(failure)) == ("n: Connection refused", "Connection refused")
+
     def test_a_long_reason_is_cut(self) -> None:
-        text = reason("n", "x" * 500)
+        text = reason(NodeFailure("n", OSError("x" * 500)))
         assert len(text) == 60
         assert text.endswith("…")
