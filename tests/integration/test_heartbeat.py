@@ -45,7 +45,7 @@ def test_500_locks_renew_in_one_round_trip_per_node(
         if time.monotonic() - started < ttl * RENEW_AT:
             break
         for lock in locks:
-            assert lock.release()
+            lock.release()  # the first ones may have expired already: that is why we retry
         ttl *= 2
         assert ttl <= 24.0, "500 acquisitions never fit in a third of the ttl"
 
