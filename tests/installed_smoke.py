@@ -13,6 +13,10 @@ that a ``Redlock`` takes and releases a lock on throw-away servers
 that the quickstart runs as README shows it: its worker on a Redis broker, and
 its ``try_it.py`` beside it (so the package's own dependencies are all that
 Celery's Redis transport needs).
+
+With ``--metrics`` (the wheel installed with its ``prometheus`` extra), it
+checks instead that a prefork worker set up as docs/operations.md shows
+(``prometheus.serve_worker(app)``) serves what its pool children counted.
 Prints one line per check; exits non-zero at the first that fails.
 """
 
@@ -153,5 +157,108 @@ def quickstart(source: Path) -> None:
             worker.wait(60)
 
 
+#: A LockedTask app whose prefork worker serves its metrics, as docs/operations.md shows.
+METRICS_APP = """
+import os
+
+from celery import Celery
+
+from celery_redlock import LockedTask
+from celery_redlock.contrib import prometheus
+
+app = Celery("metrics_app", broker=os.environ["BROKER_URL"], backend=os.environ["BROKER_URL"])
+app.conf.redlock_nodes = [os.environ["BROKER_URL"]]
+prometheus.serve_worker(app, port=int(os.environ["METRICS_PORT"]), addr="127.0.0.1")
+
+
+@app.task(base=LockedTask, lock_key="metrics:{n}")
+def work(n):
+    return n
+"""
+
+#: Runs the metrics app's tasks through a prefork worker.
+RUNS = 6
+
+
+def metrics() -> None:
+    """A prefork worker's children run locked tasks; its main process serves their counts."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from celery_redlock.testing import RedisServer, free_port
+
+    folder = Path("metrics").resolve()
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    (folder / "metrics_app.py").write_text(METRICS_APP)
+    port = free_port()
+    celery = Path(sys.executable).with_name("celery")
+
+    def held() -> float:
+        url = f"http://127.0.0.1:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "celery_redlock_lock_held_seconds_count"
+            and sample.labels.get("task") == "metrics_app.work"
+        )
+
+    with RedisServer() as broker, (folder / "worker.log").open("w+") as log:
+        env = {**os.environ, "BROKER_URL": broker.url, "METRICS_PORT": str(port)}
+        worker = subprocess.Popen(
+            [str(celery), "-A", "metrics_app", "worker", "-P", "prefork", "-c", "2", "-l", "INFO"],
+            cwd=folder,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + WORKER_START
+            while worker.poll() is None and time.monotonic() < deadline:
+                if " ready." in (folder / "worker.log").read_text():
+                    break
+                time.sleep(0.2)
+            shown = (folder / "worker.log").read_text()
+            check(
+                "a prefork worker with serve_worker starts",
+                " ready." in shown,
+                on_failure=shown[-800:],
+            )
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "from metrics_app import work\n"
+                    f"print(sum(work.delay(n).get(timeout=60) for n in range({RUNS})))",
+                ],
+                cwd=folder,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            check(
+                f"{RUNS} locked tasks run by the pool children",
+                done.returncode == 0 and done.stdout.strip() == str(sum(range(RUNS))),
+                on_failure=(done.stdout + done.stderr).strip()[-800:],
+            )
+            # A run's release is counted just after its result is stored.
+            deadline = time.monotonic() + 30
+            while (count := held()) != RUNS and time.monotonic() < deadline:
+                time.sleep(0.2)
+            check(f"the worker serves the {RUNS} releases its children counted", count == RUNS)
+        finally:
+            worker.terminate()
+            worker.wait(60)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve())
+    if sys.argv[1:2] == ["--metrics"]:
+        metrics()
+    else:
+        main(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve())
