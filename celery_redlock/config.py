@@ -1,7 +1,10 @@
 """Settings and per-app state, by their documented path.
 
-They live in :mod:`celery_redlock.tasks.settings`.
+They live in :mod:`celery_redlock.tasks.settings` and :mod:`celery_redlock.tasks.app_state`.
 """
 
+from celery_redlock.tasks import app_state, settings
+from celery_redlock.tasks.app_state import *  # noqa: F403
 from celery_redlock.tasks.settings import *  # noqa: F403
-from celery_redlock.tasks.settings import __all__ as __all__
+
+__all__ = [*settings.__all__, *app_state.__all__]

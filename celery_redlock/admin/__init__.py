@@ -26,7 +26,8 @@ from ..errors import ConfigurationError
 from ..lock.redlock import Redlock
 from ..ratelimit import Algorithm, Backoff, RateLimiter, RateOverride
 from ..ratelimit.rates import Rate
-from ..tasks.settings import Settings, settings_for
+from ..tasks.app_state import settings_for
+from ..tasks.settings import Settings
 from .check import CheckReport, Finding, run_check
 from .locks import (
     LockListing,

@@ -37,11 +37,12 @@ from celery import signals as celery_signals
 
 from .._layout import QUEUED
 from ..errors import ConfigurationError
+from .app_state import enabled_for, policy_for, redlock_for, settings_for
 from .call_overrides import guard_send_task
 from .features.redelivery import delivery_name, mark_ended
 from .policies import TaskPolicy
 from .publish import watch_beat
-from .settings import Settings, enabled_for, in_user_terms, policy_for, redlock_for, settings_for
+from .settings import Settings, in_user_terms
 from .task_table import StartupRefused, apply_entries, check_entries, watch_registrations
 
 __all__ = [

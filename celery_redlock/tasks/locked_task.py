@@ -45,13 +45,13 @@ from ..errors import ConfigurationError
 from ..lock.redlock import Lock
 from ..lock.renewal import heartbeat
 from . import call_overrides as call_overrides
+from .app_state import enabled_for, policy_for, settings_for
 from .features.rate_limit import RateGate
 from .key_templates import KeySource, task_arguments
 from .options import OPTION_NAMES, check_attributes
 from .policies import TaskPolicy
 from .publish import Publication, watch_beat
 from .run import TaskRun
-from .settings import enabled_for, policy_for, settings_for
 
 __all__ = ["LockedTask"]
 

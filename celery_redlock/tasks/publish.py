@@ -36,6 +36,7 @@ from .. import signals
 from .._layout import BEAT, QUEUED, LockValue
 from ..errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
 from ..lock.redlock import Lock
+from .app_state import redlock_for
 from .features import debounce
 from .features.rate_limit import RateGate
 from .features.singleton import beat_interval_name, beat_tick_name, seconds_held, task_id_of
@@ -43,7 +44,6 @@ from .features.singleton_call_text import call_text
 from .features.singleton_call_text import store as store_preview
 from .key_templates import as_delivered
 from .policies import SingletonPolicy, TaskPolicy
-from .settings import redlock_for
 
 __all__ = ["Publication", "watch_beat"]
 

@@ -45,6 +45,7 @@ from .._layout import QUEUED, LockValue
 from ..errors import QuorumUnavailable
 from ..lock.renewal import HeldLock, heartbeat
 from ..lock.semaphore import Semaphore
+from .app_state import redlock_for
 from .features import debounce
 from .features import queued_singleton as followup
 from .features.concurrency_limit import SlotGate
@@ -62,7 +63,6 @@ from .features.redelivery import (
 from .features.singleton import queued_marker, task_id_of
 from .policies import LockPolicy, TaskPolicy
 from .run_endings import BUSY_BACKOFF_MAX, BUSY_HEADER, TWIN_HEADER, RunSetbacks, busy_countdown
-from .settings import redlock_for
 
 __all__ = ["BUSY_BACKOFF_MAX", "BUSY_HEADER", "TWIN_HEADER", "TaskRun", "busy_countdown"]
 

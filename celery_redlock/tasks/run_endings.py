@@ -25,9 +25,9 @@ from .. import signals
 from ..errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
 from ..lock.redlock import Lock
 from ..transport.failure_text import short_error
+from .app_state import redlock_for
 from .features.redelivery import finished, held_at_most, in_canvas, stand_in
 from .policies import ConcurrencyPolicy, LockPolicy, TaskPolicy
-from .settings import redlock_for
 
 __all__ = [
     "BUSY_BACKOFF_MAX",

@@ -35,11 +35,12 @@ from celery.exceptions import CeleryCommandException
 
 from ..errors import ConfigurationError
 from . import options as task_options
+from .app_state import settings_for
 from .key_templates import task_arguments
 from .locked_task import LockedTask
 from .misspelling import closest
 from .policies import TaskPolicy
-from .settings import in_user_terms, settings_for
+from .settings import in_user_terms
 
 __all__ = [
     "StartupRefused",

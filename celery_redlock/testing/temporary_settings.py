@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import ConfigurationError
-from ..tasks.settings import SETTING_NAMES, forget
+from ..tasks.app_state import forget
+from ..tasks.settings import SETTING_NAMES
 
 __all__ = ["redlock_settings"]
 

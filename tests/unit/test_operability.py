@@ -13,7 +13,7 @@ from celery import Celery
 
 from celery_redlock.admin.startup_notice import notices
 from celery_redlock.errors import QuorumUnavailable, RateLimiterUnavailable
-from celery_redlock.tasks import settings as config
+from celery_redlock.tasks import app_state
 from celery_redlock.tasks.settings import KNOWN_SETTINGS, Settings, node_fallback, unknown_settings
 from celery_redlock.transport.commands import NodeFailure
 from celery_redlock.transport.failure_text import detail, reason, short_error, summary
@@ -139,7 +139,7 @@ class TestStartupNotices:
             "redlock_tasks['proj.nigthly']: this app has no such task; did you mean "
             "'proj.nightly'? "
         )
-        config.forget(app)
+        app_state.forget(app)
         app.close()
 
 

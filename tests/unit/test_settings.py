@@ -10,7 +10,7 @@ from celery import Celery
 
 from celery_redlock import LockedTask
 from celery_redlock.errors import ConfigurationError
-from celery_redlock.tasks import settings as config
+from celery_redlock.tasks import app_state
 from celery_redlock.tasks.settings import SETTING_NAMES, Settings, unknown_settings
 
 NODE = "redis://127.0.0.1:1/0"
@@ -152,18 +152,18 @@ def test_a_tasks_policy_is_resolved_once_per_app_and_again_after_forget() -> Non
     app = make_app(redlock_default_ttl=5)
     task = app.tasks["t.sync"]
     try:
-        first = config.policy_for(task)
+        first = app_state.policy_for(task)
         assert first is not None
         assert first.ttl == 5.0
-        assert config.policy_for(task) is first
+        assert app_state.policy_for(task) is first
         app.conf.redlock_default_ttl = 9
-        assert config.policy_for(task) is first  # settings are read once per app...
-        config.forget(app)
-        again = config.policy_for(task)  # ...until forgotten
+        assert app_state.policy_for(task) is first  # settings are read once per app...
+        app_state.forget(app)
+        again = app_state.policy_for(task)  # ...until forgotten
         assert again is not None
         assert again.ttl == 9.0
     finally:
-        config.forget(app)
+        app_state.forget(app)
 
 
 def test_a_plain_task_has_no_policy() -> None:
@@ -172,4 +172,4 @@ def test_a_plain_task_has_no_policy() -> None:
     @app.task(shared=False, name="t.plain")
     def plain() -> None: ...
 
-    assert config.policy_for(app.tasks["t.plain"]) is None
+    assert app_state.policy_for(app.tasks["t.plain"]) is None

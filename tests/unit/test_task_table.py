@@ -13,7 +13,7 @@ from celery import Celery, Task, shared_task
 
 from celery_redlock import LockedTask, setup
 from celery_redlock.errors import ConfigurationError
-from celery_redlock.tasks import settings as config
+from celery_redlock.tasks import app_state
 from celery_redlock.tasks.policies import TaskPolicy
 from celery_redlock.tasks.task_table import apply_entries, check_entry, unknown_task
 
@@ -32,7 +32,7 @@ def make_app() -> Iterator[Any]:
 
     yield make
     for app in made:
-        config.forget(app)
+        app_state.forget(app)
         app.close()
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_redlock.tasks import settings as config
+from celery_redlock.tasks import app_state
 from celery_redlock.testing import RedisServer, ServerGroup
 
 from .support import WorkerProcess, create_app, start_beat, stop_beat
@@ -49,7 +49,7 @@ def make_app(
     # collected: now, while it still answers, not at exit after it stopped.
     gc.collect()
     for app in made:
-        config.forget(app)
+        app_state.forget(app)
         app.close()
 
 

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from celery_redlock import Redlock, signals
 from celery_redlock.cli.commands import redlock as redlock_command
 from celery_redlock.contrib import prometheus
-from celery_redlock.tasks.settings import limiter_for, redlock_for
+from celery_redlock.tasks.app_state import limiter_for, redlock_for
 from celery_redlock.testing import RedisServer
 
 from ..support import landed_everywhere

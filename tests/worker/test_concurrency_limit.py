@@ -21,7 +21,7 @@ from celery.signals import after_task_publish, task_postrun
 from celery_redlock import LockedTask, Redlock, setup, signals
 from celery_redlock.admin import Admin
 from celery_redlock.errors import ConfigurationError, LockNotAcquired
-from celery_redlock.tasks.settings import limiter_for, policy_for
+from celery_redlock.tasks.app_state import limiter_for, policy_for
 from celery_redlock.testing import RedisServer
 
 from .support import (

@@ -27,7 +27,7 @@ from celery import Celery
 
 from celery_redlock import LockedTask, setup
 from celery_redlock.errors import ConfigurationError, DuplicateTask
-from celery_redlock.tasks import settings as config
+from celery_redlock.tasks import app_state
 from celery_redlock.testing import RedisServer
 
 from .support import ROOT, WorkerProcess, create_app, in_process_worker, looker, overlaps
@@ -138,7 +138,7 @@ def test_app_wide_singleton_defaults_apply_where_a_task_sets_none(
     look = looker(lock_nodes)
 
     def seconds_left(task: Any, *args: Any) -> list[float]:
-        policy = config.policy_for(task)
+        policy = app_state.policy_for(task)
         assert policy is not None
         assert policy.singleton is not None
         found = look.inspect(policy.singleton.name(task.name, args, {}))
@@ -276,7 +276,7 @@ def test_django_style_settings_through_a_namespace_are_read_and_typos_told(
             ran = sync.delay(4).get(timeout=20)
         lines = [line for _, line in startup_lines(capture)]
     finally:
-        config.forget(app)
+        app_state.forget(app)
         app.close()
     assert ran == {
         "nodes": [node.url for node in lock_nodes],
@@ -424,7 +424,7 @@ def test_a_process_that_never_imports_a_configured_task_logs_no_error(
             app.send_task("elsewhere.task", ("x",))
         assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
     finally:
-        config.forget(app)
+        app_state.forget(app)
         app.close()
 
 
@@ -497,5 +497,5 @@ def test_a_bad_namespaced_entry_is_told_when_a_publisher_sets_up_not_at_its_firs
             module.report.delay("today")
     finally:
         sys.modules.pop("tests.worker.namespaced", None)
-        config.forget(module.app)
+        app_state.forget(module.app)
         module.app.close()

@@ -21,9 +21,9 @@ from celery.signals import task_postrun
 
 from celery_redlock import LockedTask, Redlock, setup, signals
 from celery_redlock.errors import DuplicateTask, Superseded
+from celery_redlock.tasks.app_state import debounce_store_for, policy_for
 from celery_redlock.tasks.features.debounce import DEBOUNCE_HEADER
 from celery_redlock.tasks.features.singleton import task_id_of
-from celery_redlock.tasks.settings import debounce_store_for, policy_for
 from celery_redlock.testing import RedisServer, ServerGroup, free_port
 
 from .support import ROOT, free_now, in_process_worker, overlaps

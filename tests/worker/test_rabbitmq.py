@@ -17,7 +17,7 @@ import pytest
 from celery import Celery
 from kombu import Connection, Queue
 
-from celery_redlock.tasks import settings as config
+from celery_redlock.tasks import app_state
 from celery_redlock.testing import RedisServer
 
 from .support import create_app, in_process_worker, most_in_any_window, overlaps, run_times
@@ -58,7 +58,7 @@ def rabbit_app(
         task_queues=[Queue(queue, auto_delete=True)],
     )
     yield app
-    config.forget(app)
+    app_state.forget(app)
     app.close()
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_redlock.tasks import settings as config
+from celery_redlock.tasks import app_state
 from celery_redlock.testing import RedisServer, ServerGroup
 
 from .rate_checker import Bracket, Model, expected_span, judge
@@ -82,7 +82,7 @@ def cluster(
     finally:
         for worker in workers:
             worker.stop()
-        config.forget(app)
+        app_state.forget(app)
         app.close()
         server_pool.heal()
 

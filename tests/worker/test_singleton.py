@@ -17,8 +17,8 @@ from celery.exceptions import MaxRetriesExceededError, WorkerLostError
 
 from celery_redlock import LockedTask, setup, signals
 from celery_redlock.errors import ConfigurationError, DuplicateTask
+from celery_redlock.tasks.app_state import policy_for, redlock_for
 from celery_redlock.tasks.features.singleton import canonical_hash
-from celery_redlock.tasks.settings import policy_for, redlock_for
 from celery_redlock.testing import RedisServer
 
 from .support import free_now, in_process_worker, overlaps, wait_for_event, wait_free

@@ -27,7 +27,7 @@ from celery_redlock.errors import (
     RateLimited,
     RateLimiterUnavailable,
 )
-from celery_redlock.tasks import settings as config
+from celery_redlock.tasks import app_state
 from celery_redlock.testing import RedisServer, ServerGroup, free_port
 from celery_redlock.testing.temporary_settings import redlock_settings
 
@@ -140,7 +140,7 @@ def test_disabled_runs_locked_tasks_as_plain_tasks_without_contacting_redis(
         assert [entry[0] for entry in app.seen].count("call_api") == 5
         assert all(lock is None for _, _, lock in app.seen)
     finally:
-        config.forget(app)
+        app_state.forget(app)
 
 
 def test_disabled_worker_starts_and_runs_without_contacting_the_lock_nodes(
@@ -167,7 +167,7 @@ def test_disabled_worker_starts_and_runs_without_contacting_the_lock_nodes(
             "redlock_enabled is False" in record.getMessage() for record in caplog.records
         ), caplog.text
     finally:
-        config.forget(app)
+        app_state.forget(app)
         app.close()
 
 
@@ -180,7 +180,7 @@ def test_enabled_is_read_at_each_call(lock_nodes: list[RedisServer]) -> None:
         app.conf.redlock_enabled = True
         assert isinstance(app.tasks["u.sync"].delay(1).get(), int)
     finally:
-        config.forget(app)
+        app_state.forget(app)
 
 
 def test_a_bad_enabled_value_names_the_setting() -> None:
@@ -208,7 +208,7 @@ def test_eager_mode_with_enabled_unset_keeps_locking(lock_nodes: list[RedisServe
         assert app.seen == []
     finally:
         holder.close()
-        config.forget(app)
+        app_state.forget(app)
 
 
 def test_an_eager_run_without_redis_raises_what_did_not_answer(
@@ -233,7 +233,7 @@ def test_an_eager_run_without_redis_raises_what_did_not_answer(
         assert app.seen == []
         assert not [r for r in caplog.records if "re-queued" in r.getMessage()], caplog.text
     finally:
-        config.forget(app)
+        app_state.forget(app)
 
 
 def test_lock_singleton_and_rate_limit_work_eagerly_on_fakeredis() -> None:
@@ -271,7 +271,7 @@ def test_lock_singleton_and_rate_limit_work_eagerly_on_fakeredis() -> None:
         assert all(fake.pttl(key) > 0 for key in fake.keys("*"))
     finally:
         observer.close()
-        config.forget(app)
+        app_state.forget(app)
 
 
 # -- direct calls -------------------------------------------------------------------------
@@ -297,7 +297,7 @@ def test_a_direct_call_is_a_plain_call(lock_nodes: list[RedisServer]) -> None:
             "report",
         ]
     finally:
-        config.forget(app)
+        app_state.forget(app)
 
 
 def test_a_direct_call_runs_while_another_owner_holds_the_lock(
@@ -312,7 +312,7 @@ def test_a_direct_call_runs_while_another_owner_holds_the_lock(
             assert held.locked()
     finally:
         holder.close()
-        config.forget(app)
+        app_state.forget(app)
 
 
 def test_apply_runs_here_with_the_lock(lock_nodes: list[RedisServer]) -> None:
@@ -328,7 +328,7 @@ def test_apply_runs_here_with_the_lock(lock_nodes: list[RedisServer]) -> None:
         assert "held by another run" in str(busy.result)
     finally:
         holder.close()
-        config.forget(app)
+        app_state.forget(app)
 
 
 def test_a_task_calling_itself_directly_does_not_wait_for_its_own_lock(
@@ -360,7 +360,7 @@ def test_a_task_calling_itself_directly_does_not_wait_for_its_own_lock(
         assert outcome == [0]
         assert depth == [3, 2, 1, 0]
     finally:
-        config.forget(app)
+        app_state.forget(app)
 
 
 # -- redlock_settings ----------------------------------------------------------------------
@@ -375,13 +375,13 @@ def test_redlock_settings_apply_inside_the_block_and_restore_after() -> None:
             assert isinstance(app.tasks["u.sync"].delay(2).get(), int)
             assert fake.keys("u:*")
         assert app.conf.redlock_nodes == ["redis://127.0.0.1:1/0"]
-        assert config.settings_for(app).nodes == ("redis://127.0.0.1:1/0",)
+        assert app_state.settings_for(app).nodes == ("redis://127.0.0.1:1/0",)
         with pytest.raises(ConfigurationError) as caught, redlock_settings(app, node=[fake]):
             pass
         assert caught.value.option == "redlock_settings"
         assert "unknown setting(s) node" in str(caught.value)
     finally:
-        config.forget(app)
+        app_state.forget(app)
 
 
 # -- fakeredis without Lua ----------------------------------------------------------------

@@ -25,9 +25,9 @@ from ... import _clock, signals
 from ..._layout import LockValue
 from ...errors import QuorumUnavailable
 from ...lock.renewal import HeldLock, heartbeat
+from ..app_state import redlock_for
 from ..policies import ConcurrencyPolicy
 from ..run_endings import Taken
-from ..settings import redlock_for
 
 if TYPE_CHECKING:
     from ..run import TaskRun

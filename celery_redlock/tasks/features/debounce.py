@@ -57,7 +57,7 @@ from celery.utils import uuid
 
 from ... import signals
 from ...errors import DebounceUnavailable, RedlockError, Superseded
-from ..settings import debounce_store_for as store_for
+from ..app_state import debounce_store_for as store_for
 
 if TYPE_CHECKING:
     from ..policies import DebouncePolicy

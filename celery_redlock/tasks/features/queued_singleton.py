@@ -45,7 +45,7 @@ from ... import signals
 from ..._layout import QUEUED, LockValue
 from ...errors import LockNotAcquired, QuorumUnavailable
 from ...lock.renewal import HeldLock
-from ..settings import redlock_for
+from ..app_state import redlock_for
 from .singleton import queued_marker, queued_name, task_id_of
 
 if TYPE_CHECKING:

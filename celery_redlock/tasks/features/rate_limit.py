@@ -53,8 +53,8 @@ from ...errors import ConfigurationError, RateLimited, RateLimiterUnavailable
 from ...ratelimit import Limit, RateLimitDecision
 from ...ratelimit.rates import Rate
 from ...transport.failure_text import short_error
+from ..app_state import limiter_for
 from ..policies import RatePolicy
-from ..settings import limiter_for
 
 __all__ = ["LIMITER_DOWN_RETRY", "PUBLISH_BUDGET", "RateGate", "Requeue"]
 

@@ -69,8 +69,8 @@ from ...errors import DuplicateTask
 from ...lock.quorum import failed, reply
 from ...lock.redlock import Redlock
 from ...transport.nodes import Command, fan_out
+from ..app_state import redlock_for
 from ..policies import TaskPolicy
-from ..settings import redlock_for
 from .singleton import queued_name, seconds_held, task_id_of
 
 __all__ = [

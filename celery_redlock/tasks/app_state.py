@@ -1,0 +1,134 @@
+"""What each Celery app has built once: its settings, policies, Redlock, limiter, debounce store.
+
+Cached per app (weakly, so a dropped app takes its state with it) and
+dropped together by :func:`forget`.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from ..lock.redlock import Redlock
+from ..ratelimit import RateLimiter
+from . import setting_checks as check
+from .debounce_store import DebounceStore
+from .policies import TaskPolicy
+from .settings import Settings
+
+__all__ = [
+    "debounce_store_for",
+    "enabled_for",
+    "forget",
+    "limiter_for",
+    "policy_for",
+    "redlock_for",
+    "settings_for",
+]
+
+
+def enabled_for(app: Any) -> bool:
+    """Whether ``redlock_enabled`` is on for ``app`` (the default), read afresh each call.
+
+    Not cached with the other settings, so a test fixture can switch it
+    (``app.conf.redlock_enabled = False``, Django's ``override_settings``)
+    without :func:`forget`. A value that is not a bool is a
+    :class:`ConfigurationError` naming the setting.
+    """
+    value = app.conf.get("redlock_enabled")
+    return True if value is None else check.flag(value, "redlock_enabled")
+
+
+_cache_lock = threading.Lock()
+_settings: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
+_redlocks: weakref.WeakKeyDictionary[Any, Redlock] = weakref.WeakKeyDictionary()
+_limiters: weakref.WeakKeyDictionary[Any, RateLimiter] = weakref.WeakKeyDictionary()
+_debounce_stores: weakref.WeakKeyDictionary[Any, DebounceStore] = weakref.WeakKeyDictionary()
+_policies: weakref.WeakKeyDictionary[Any, dict[int, tuple[TaskPolicy, TaskPolicy]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def settings_for(app: Any) -> Settings:
+    """The app's checked settings (read once per app)."""
+    with _cache_lock:
+        found = _settings.get(app)
+        if found is None:
+            found = _settings[app] = Settings.from_conf(app.conf)
+        return found
+
+
+def redlock_for(app: Any) -> Redlock:
+    """The app's Redlock, built on first use and shared by its tasks.
+
+    Safe across ``fork()``: a child process opens connections of its own.
+    """
+    with _cache_lock:
+        found = _redlocks.get(app)
+    if found is not None:
+        return found
+    made = settings_for(app).make_redlock()
+    with _cache_lock:
+        return _redlocks.setdefault(app, made)
+
+
+def limiter_for(app: Any) -> RateLimiter:
+    """The app's RateLimiter: on ``redlock_rate_limit_url``, else the first lock node."""
+    with _cache_lock:
+        found = _limiters.get(app)
+    if found is not None:
+        return found
+    made = settings_for(app).make_limiter()
+    with _cache_lock:
+        return _limiters.setdefault(app, made)
+
+
+def debounce_store_for(app: Any) -> DebounceStore:
+    """The app's debounce store: on ``redlock_rate_limit_url``, else the first lock node."""
+    with _cache_lock:
+        found = _debounce_stores.get(app)
+    if found is not None:
+        return found
+    settings = settings_for(app)
+    made = DebounceStore(
+        settings.rate_limit_url or settings.nodes[0], key_prefix=settings.key_prefix
+    )
+    with _cache_lock:
+        return _debounce_stores.setdefault(app, made)
+
+
+def policy_for(task: Any) -> TaskPolicy | None:
+    """The task's policy resolved against its app's settings, or ``None`` for a plain task.
+
+    Resolved once per app and policy (:meth:`TaskPolicy.resolve`), so a bad
+    ttl is reported once, at worker start-up, instead of at every run.
+    """
+    policy = getattr(task, "_redlock_policy", None)
+    if not isinstance(policy, TaskPolicy):
+        return None
+    app = task.app
+    with _cache_lock:
+        found = _policies.get(app, {}).get(id(policy))
+    if found is not None and found[0] is policy:
+        return found[1]
+    resolved = policy.resolve(settings_for(app))
+    with _cache_lock:
+        _policies.setdefault(app, {})[id(policy)] = (policy, resolved)
+    return resolved
+
+
+def forget(app: Any) -> None:
+    """Drop what is cached for ``app``: settings, policies, Redlock, limiter, debounce store."""
+    with _cache_lock:
+        _settings.pop(app, None)
+        _policies.pop(app, None)
+        redlock = _redlocks.pop(app, None)
+        limiter = _limiters.pop(app, None)
+        store = _debounce_stores.pop(app, None)
+    if redlock is not None:
+        redlock.close()
+    if limiter is not None:
+        limiter.close()
+    if store is not None:
+        store.close()
