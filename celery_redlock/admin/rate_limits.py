@@ -28,9 +28,10 @@ from .._layout import RateKeys, period_key
 from ..errors import RateLimiterUnavailable
 from ..ratelimit import ALGORITHMS, Algorithm, Backoff, Limit, RateLimiter, RateOverride
 from ..ratelimit.rates import DynamicRate, Rate
+from ..tasks.feature_policies import TaskLimit
 from ..tasks.features.rate_limit import PUBLISH_BUDGET
 from ..tasks.misspelling import closest
-from ..tasks.policies import TaskLimit, TaskPolicy
+from ..tasks.policies import TaskPolicy
 from ..tasks.settings import Settings
 from ..tasks.task_table import entry_policy
 from .node_access import NodeClient

@@ -37,13 +37,14 @@ from .._layout import BEAT, QUEUED, LockValue
 from ..errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
 from ..lock.redlock import Lock
 from .app_state import redlock_for
+from .feature_policies import SingletonPolicy
 from .features import debounce
 from .features.rate_limit import RateGate
 from .features.singleton import beat_interval_name, beat_tick_name, seconds_held, task_id_of
 from .features.singleton_call_text import call_text
 from .features.singleton_call_text import store as store_preview
 from .key_templates import as_delivered
-from .policies import SingletonPolicy, TaskPolicy
+from .policies import TaskPolicy
 
 __all__ = ["Publication", "watch_beat"]
 

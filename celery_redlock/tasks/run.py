@@ -46,6 +46,7 @@ from ..errors import QuorumUnavailable
 from ..lock.renewal import HeldLock, heartbeat
 from ..lock.semaphore import Semaphore
 from .app_state import redlock_for
+from .feature_policies import LockPolicy
 from .features import debounce
 from .features import queued_singleton as followup
 from .features.concurrency_limit import SlotGate
@@ -61,7 +62,7 @@ from .features.redelivery import (
     redelivered,
 )
 from .features.singleton import queued_marker, task_id_of
-from .policies import LockPolicy, TaskPolicy
+from .policies import TaskPolicy
 from .run_endings import BUSY_BACKOFF_MAX, BUSY_HEADER, TWIN_HEADER, RunSetbacks, busy_countdown
 
 __all__ = ["BUSY_BACKOFF_MAX", "BUSY_HEADER", "TWIN_HEADER", "TaskRun", "busy_countdown"]

@@ -26,8 +26,9 @@ from ..errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
 from ..lock.redlock import Lock
 from ..transport.failure_text import short_error
 from .app_state import redlock_for
+from .feature_policies import ConcurrencyPolicy, LockPolicy
 from .features.redelivery import finished, held_at_most, in_canvas, stand_in
-from .policies import ConcurrencyPolicy, LockPolicy, TaskPolicy
+from .policies import TaskPolicy
 
 __all__ = [
     "BUSY_BACKOFF_MAX",

@@ -173,10 +173,6 @@ LONG_MODULES = {
         "one job, the wire format: every Redis key name and the lock value, built and "
         "parsed in one place"
     ),
-    "celery_redlock.tasks.policies": (
-        "one job, a task's options made into what is done around each run: a frozen "
-        "policy per feature (lock, singleton, rate, debounce, concurrency) and their checks"
-    ),
 }
 
 

@@ -26,7 +26,7 @@ from ..._layout import LockValue
 from ...errors import QuorumUnavailable
 from ...lock.renewal import HeldLock, heartbeat
 from ..app_state import redlock_for
-from ..policies import ConcurrencyPolicy
+from ..feature_policies import ConcurrencyPolicy
 from ..run_endings import Taken
 
 if TYPE_CHECKING:

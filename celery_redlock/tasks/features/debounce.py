@@ -60,7 +60,7 @@ from ...errors import DebounceUnavailable, RedlockError, Superseded
 from ..app_state import debounce_store_for as store_for
 
 if TYPE_CHECKING:
-    from ..policies import DebouncePolicy
+    from ..feature_policies import DebouncePolicy
     from ..publish import Publication
     from ..run import TaskRun
 

@@ -54,7 +54,7 @@ from ...ratelimit import Limit, RateLimitDecision
 from ...ratelimit.rates import Rate
 from ...transport.failure_text import short_error
 from ..app_state import limiter_for
-from ..policies import RatePolicy
+from ..feature_policies import RatePolicy
 
 __all__ = ["LIMITER_DOWN_RETRY", "PUBLISH_BUDGET", "RateGate", "Requeue"]
 
