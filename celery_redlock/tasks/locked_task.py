@@ -330,7 +330,8 @@ class LockedTask(Task):  # type: ignore[misc]
     def rate_limited(self, retry_after: float | None = None, key: str | None = None) -> NoReturn:
         """The service behind the rate limit refused: pause the key everywhere, re-queue.
 
-        See :meth:`.rategate.RateGate.refused`; raises, as ``self.retry()`` does. Example::
+        See :meth:`.features.rate_limit.RateGate.refused`; raises, as ``self.retry()``
+        does. Example::
 
             if resp.status_code == 429:
                 self.rate_limited(retry_after=float(resp.headers.get("Retry-After", 1)))
@@ -340,7 +341,7 @@ class LockedTask(Task):  # type: ignore[misc]
             problem = "rate_limited() is for the body of a task with a global rate limit"
             raise ConfigurationError("global_rate_limit", problem, task=self.name)
         gate = RateGate(self, run.policy.rate, run.args, run.kwargs)
-        gate.refused(run.request, run.requeue_uncounted, retry_after, key)
+        gate.refused(run, retry_after, key)
 
     def update_state(self, *args: Any, **kwargs: Any) -> None:
         """Store task state (Celery's ``update_state``); counts as progress."""

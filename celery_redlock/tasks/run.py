@@ -14,12 +14,8 @@ what it holds, on every way out: return, exception,
 ``self.retry()`` (before the retry is published), ``Ignore``, ``Reject``,
 soft time limit.
 
-A message delivered again while a copy with the same task id still runs (a
-Redis broker's ``visibility_timeout``, ``acks_late`` after a lost worker) is
-never run beside it and never overwrites its result: it is put back on the
-queue for when the lock's ttl has run out. A copy that comes after its twin
-ended is dropped (:mod:`.features.redelivery`), and so is a duplicate singleton in a
-canvas once the copy that ran has ended, with that copy's result.
+A copy of a run (delivered again, or a duplicate singleton in a canvas) never
+runs beside it nor overwrites its result (:mod:`.features.redelivery`).
 
 The ways a run ends without running its body (busy lock or full limit,
 duplicate, twin, finished copy, unreachable nodes) are in :mod:`.run_endings`.
@@ -36,6 +32,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from functools import cached_property, partial
 from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
@@ -43,11 +40,14 @@ from celery.exceptions import Ignore, Reject, Retry
 from .. import _clock, signals
 from .._layout import QUEUED, LockValue
 from ..errors import QuorumUnavailable
+from ..lock.lock import Lock
+from ..lock.redlock import Redlock
 from ..lock.renewal import HeldLock, heartbeat
 from ..lock.semaphore import Semaphore
-from .app_state import redlock_for
+from ..ratelimit import RateLimiter
+from .app_state import limiter_for, redlock_for
 from .feature_policies import LockPolicy
-from .features import debounce
+from .features import debounce, redelivery
 from .features import queued_singleton as followup
 from .features.concurrency_limit import SlotGate
 from .features.rate_limit import RateGate
@@ -63,7 +63,15 @@ from .features.redelivery import (
 )
 from .features.singleton import queued_marker, task_id_of
 from .policies import TaskPolicy
-from .run_endings import BUSY_BACKOFF_MAX, BUSY_HEADER, TWIN_HEADER, RunSetbacks, busy_countdown
+from .run_endings import (
+    BUSY_BACKOFF_MAX,
+    BUSY_HEADER,
+    TWIN_HEADER,
+    busy_countdown,
+    lock_busy,
+    requeue_behind_twin,
+    requeue_unavailable,
+)
 
 __all__ = ["BUSY_BACKOFF_MAX", "BUSY_HEADER", "TWIN_HEADER", "TaskRun", "busy_countdown"]
 
@@ -84,8 +92,8 @@ class _Runs(threading.local):
 _runs = _Runs()
 
 
-class TaskRun(RunSetbacks):
-    """One run of a task under its policy: rate limit, singleton, run lock.
+class TaskRun:
+    """One run of a task under its policy: rate limit, singleton, run lock (a ``RunContext``).
 
     Example (what ``LockedTask.__call__`` does)::
 
@@ -111,6 +119,22 @@ class TaskRun(RunSetbacks):
         #: Singleton keys handed back to "queued" for the run's next copy.
         self.handed_back: list[str] = []
 
+    @cached_property
+    def redlock(self) -> Redlock:
+        """The app's Redlock, looked up once for the run."""
+        return redlock_for(self.task.app)
+
+    @cached_property
+    def limiter(self) -> RateLimiter:
+        """The app's rate limiter, looked up once for the run."""
+        return limiter_for(self.task.app)
+
+    @property
+    def ttl(self) -> float:
+        """The time to live of the locks held while running."""
+        assert self.policy.ttl is not None, "policy not resolved"
+        return self.policy.ttl
+
     @classmethod
     def current(cls, task: Any) -> TaskRun | None:
         """The innermost run of ``task`` in progress on this thread, if any."""
@@ -134,11 +158,9 @@ class TaskRun(RunSetbacks):
         """Call ``call(*args, **kwargs)`` inside the rate limit and the locks."""
         policy = self.policy
         request = self.request
-        winner = policy.singleton is not None and self._header_text(WINNER_HEADER)
-        if winner and not request.called_directly:
-            ended, value = look_at_winner(
-                self.task, request, policy, self.args, self.kwargs, winner
-            )
+        winner = self._header(WINNER_HEADER) if policy.singleton is not None else None
+        if isinstance(winner, str) and winner and not request.called_directly:
+            ended, value = look_at_winner(self, winner)
             if ended:
                 return value
         # Maybe a copy of a run that ended already (which left a mark if so):
@@ -154,7 +176,7 @@ class TaskRun(RunSetbacks):
             gate = RateGate(self.task, policy.rate, self.args, self.kwargs)
             holds = (policy.singleton, policy.lock, policy.concurrency)
             if any(part is not None for part in holds):
-                gate.screen(self.request, self.requeue_uncounted)
+                gate.screen(self)
         _runs.stack.append(self)
         requeued = started = False
         try:
@@ -162,24 +184,25 @@ class TaskRun(RunSetbacks):
                 self.delivery = self.own_delivery()
             if policy.singleton is not None:
                 name = policy.singleton.name(self.task.name, self.args, self.kwargs)
-                if policy.singleton.mode == "queued":
-                    self.held.append(followup.take_running(self, name))
-                else:
-                    self.held.append(self.take(name, replaces=queued_marker(self.task_id)))
+                queued = policy.singleton.mode == "queued"
+                busy = partial(followup.wait_or_end, self) if queued else None
+                self.held.append(self.take(name, replaces=queued_marker(self.task_id), busy=busy))
+                if queued:
+                    followup.running(self, name)
             if policy.lock is not None:
                 name = policy.lock.key.render(self.args, self.kwargs)
                 self.borrowed = _held_on_this_thread(name) if request.is_eager else None
                 if self.borrowed is None:
                     self.held.append(self.take(name, lock_policy=policy.lock))
             if check:
-                self.drop_if_finished(backend=copy)
+                redelivery.drop_if_finished(self, backend=copy)
             if policy.concurrency is not None:
                 # After the locks: a run that waits for a lock holds no slot
                 # others could use meanwhile (nor does a copy dropped above).
                 self.held.append(SlotGate(self, policy.concurrency).take())
             if gate is not None:
                 # Last, so that a run re-queued for a busy lock spends no unit.
-                gate.admit(self.request, self.requeue_uncounted)
+                gate.admit(self)
             started = True
             return call(*self.args, **self.kwargs)
         except (Retry, Ignore, Reject) as exc:
@@ -191,10 +214,8 @@ class TaskRun(RunSetbacks):
             _runs.stack.remove(self)
             if started and delivered and self.held and (copy or leaves_mark(self.task, request)):
                 # Before the locks go: a copy that takes them next sees it.
-                self.mark_done()
+                mark_done(self.redlock, self.task_id, self.ttl * DONE_TTL_FACTOR)
             self.release_all(requeued=requeued)
-
-    # -- the locks ---------------------------------------------------------------
 
     def take(
         self,
@@ -204,41 +225,58 @@ class TaskRun(RunSetbacks):
         replaces: str | None = None,
         busy: Callable[[str, str | None], NoReturn] | None = None,
     ) -> HeldLock:
-        """Acquire one lock of the run and register it with the heartbeat.
+        """Acquire one lock of the run and hold it (:meth:`hold`).
 
         ``lock_policy`` is given for the run lock (its timeout and busy
         action); without it, this is the singleton lock: never waited for,
         and a busy one means a duplicate, or ``busy(key, holder_id)`` decides.
         """
-        task, task_id = self.task, self.task_id
-        redlock = redlock_for(task.app)
-        owner = LockValue.owner_text(task_id, self.worker())
-        lock = redlock.lock(key, ttl=self.ttl, owner=owner, replaces=replaces)
+        owner = LockValue.owner_text(self.task_id, self.worker())
+        lock = self.redlock.lock(key, ttl=self.ttl, owner=owner, replaces=replaces)
+
+        def taken(waited: float) -> NoReturn:
+            holder_id = task_id_of(self.redlock.holder(key))
+            if holder_id == self.request.id and self.request.id:
+                requeue_behind_twin(self, key, lock)
+            if lock_policy is None:
+                (busy or partial(redelivery.duplicate_found, self))(key, holder_id)
+            lock_busy(self, lock_policy, key, waited)
+
         timeout = lock_policy.timeout if lock_policy is not None else 0.0
+        held = self.hold(lock, taken, timeout=timeout)
+        singleton = self.policy.singleton
+        held.singleton_ttl = singleton.ttl if replaces and singleton is not None else None
+        return held
+
+    def hold(
+        self, lease: Lock | Semaphore, busy: Callable[[float], NoReturn], *, timeout: float = 0.0
+    ) -> HeldLock:
+        """Acquire ``lease`` (waiting up to ``timeout``) and keep it renewed with the run's others.
+
+        Unreachable nodes re-queue the run; a lease still taken when the
+        wait ends calls ``busy(waited)``, which ends the run.
+        """
+        task, task_id = self.task, self.task_id
         started = _clock.monotonic()
         try:
-            acquired = lock.acquire(blocking=timeout > 0, timeout=timeout)
+            acquired = lease.acquire(blocking=timeout > 0, timeout=timeout)
         except QuorumUnavailable as exc:
-            self.requeue_unavailable(f"lock {key!r} not taken", exc)
+            what = "concurrency slot" if isinstance(lease, Semaphore) else "lock"
+            requeue_unavailable(self, f"{what} {lease.name!r} not taken", exc)
         waited = _clock.monotonic() - started
         if not acquired:
-            holder_id = task_id_of(redlock.holder(key))
-            if holder_id == self.request.id and self.request.id:
-                self.requeue_behind_twin(key, lock)
-            if lock_policy is None:
-                (busy or self.end_as_duplicate)(key, holder_id)
-            self.on_busy(lock_policy, key, waited)
+            busy(waited)
         held = heartbeat().hold(
-            lock,
+            lease,
             task_id=task_id,
             progress_timeout=self.policy.progress_timeout,
             on_lost=self._send_lost,
         )
-        singleton = self.policy.singleton
-        held.singleton_ttl = singleton.ttl if replaces and singleton is not None else None
-        signals.lock_acquired.send(
-            sender=task, task_id=task_id, key=key, waited=waited, fencing_token=lock.fencing_token
-        )
+        if isinstance(lease, Semaphore):
+            signal, details = signals.slot_acquired, {"limit": lease.limit, "slot": lease.slot}
+        else:
+            signal, details = signals.lock_acquired, {"fencing_token": lease.fencing_token}
+        signal.send(sender=task, task_id=task_id, key=lease.name, waited=waited, **details)
         return held
 
     def send_again(self, send: Callable[[], Any]) -> Any:
@@ -253,9 +291,8 @@ class TaskRun(RunSetbacks):
         try:
             return send()
         except BaseException:
-            redlock = redlock_for(self.task.app)
             for name in self.handed_back:
-                redlock.release_owner(name, self.task_id, QUEUED)
+                self.redlock.release_owner(name, self.task_id, QUEUED)
             raise
 
     def release_all(self, *, requeued: bool = False) -> None:
@@ -271,13 +308,13 @@ class TaskRun(RunSetbacks):
         """Hold this task id's delivery lock: a copy delivered meanwhile is re-queued behind us."""
         name = delivery_name(self.task_id)
         owner = LockValue.owner_text(self.task_id, self.worker())
-        lock = redlock_for(self.task.app).lock(name, ttl=self.ttl, owner=owner)
+        lock = self.redlock.lock(name, ttl=self.ttl, owner=owner)
         try:
             acquired = lock.acquire(blocking=False)
         except QuorumUnavailable as exc:
-            self.requeue_unavailable(f"lock {name!r} not taken", exc)
+            requeue_unavailable(self, f"lock {name!r} not taken", exc)
         if not acquired:
-            self.requeue_behind_twin(name, lock)
+            requeue_behind_twin(self, name, lock)
         return heartbeat().hold(
             lock,
             task_id=self.task_id,
@@ -318,35 +355,16 @@ class TaskRun(RunSetbacks):
         released = signals.slot_released if isinstance(lock, Semaphore) else signals.lock_released
         released.send(sender=self.task, task_id=held.task_id, key=lock.name, held=held.held_for)
 
-    def send_lost(self, held: HeldLock, reason: str) -> None:
-        """Tell ``signals.lock_lost`` that one of the run's locks or its slot was lost."""
-        self._send_lost(held, reason)
-
     def worker(self) -> str:
         """``hostname:pid`` of the process running the task."""
         hostname = getattr(self.request, "hostname", None) or socket.gethostname()
         return f"{hostname}:{os.getpid()}"
 
-    def mark_done(self) -> None:
-        """Leave the mark that tells a later copy of this task id that it ended."""
-        try:
-            mark_done(redlock_for(self.task.app), self.task_id, self.ttl * DONE_TTL_FACTOR)
-        except Exception as exc:  # the result backend still tells, where there is one
-            logger.warning("task %s: done mark not written: %s", self.task_id, exc)
-
-    # -- helpers -------------------------------------------------------------------
-
-    def _header(self, name: str) -> bool:
-        headers = self.request.headers or {}
-        return bool(headers.get(name) or getattr(self.request, name, None))
-
-    def _header_text(self, name: str) -> str | None:
-        headers = self.request.headers or {}
-        value = headers.get(name) or getattr(self.request, name, None)
-        return value if isinstance(value, str) and value else None
+    def _header(self, name: str) -> Any:
+        return (self.request.headers or {}).get(name) or getattr(self.request, name, None)
 
     def _send_lost(self, held: HeldLock, reason: str) -> None:
-        if self._ended_by_worker():
+        if ended_by_worker(self.redlock, self.task_id, self.worker()):
             # A hard time limit or a terminate: the worker freed it, no loss.
             logger.info(
                 "%r of task %s freed by the worker, which ended the run", held.name, self.task_id
@@ -360,12 +378,6 @@ class TaskRun(RunSetbacks):
             reason=reason,
             code=held.lost_code,
         )
-
-    def _ended_by_worker(self) -> bool:
-        try:
-            return ended_by_worker(redlock_for(self.task.app), self.task_id, self.worker())
-        except Exception:  # a loss is told rather than hidden
-            return False
 
 
 def _held_on_this_thread(name: str) -> HeldLock | None:

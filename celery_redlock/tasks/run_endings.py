@@ -3,11 +3,10 @@
 A run that finds its lock busy or its concurrency limit full is re-queued
 with a growing backoff that never spends ``max_retries``, or skipped, or
 fails, as ``on_lock_busy`` says; a duplicate singleton ends as a duplicate;
-a copy whose twin (same task id) still runs is re-queued behind it; a copy
-of a run that already ended is dropped; unreachable lock nodes re-queue the
-run. :class:`RunSetbacks` holds these for :class:`~celery_redlock.tasks.run.TaskRun`,
-which inherits them; each one either returns (nothing to do) or ends the run
-by raising.
+a copy whose twin (same task id) still runs is re-queued behind it; a Redis
+that does not answer re-queues the run; a run is sent again with one more
+header. Each takes the run's :class:`~.run_context.RunContext` and ends the
+run by raising.
 """
 
 from __future__ import annotations
@@ -22,13 +21,17 @@ from celery.exceptions import Ignore
 from celery.utils.dispatch import Signal
 
 from .. import signals
-from ..errors import DuplicateTask, LockNotAcquired, QuorumUnavailable
+from ..errors import (
+    DebounceUnavailable,
+    DuplicateTask,
+    LockNotAcquired,
+    QuorumUnavailable,
+    RateLimiterUnavailable,
+)
 from ..lock.redlock import Lock
 from ..transport.failure_text import short_error
-from .app_state import redlock_for
 from .feature_policies import ConcurrencyPolicy, LockPolicy
-from .features.redelivery import finished, held_at_most, in_canvas, stand_in
-from .policies import TaskPolicy
+from .run_context import RunContext
 
 __all__ = [
     "BUSY_BACKOFF_MAX",
@@ -36,14 +39,24 @@ __all__ = [
     "TWIN_HEADER",
     "UNAVAILABLE_RETRY",
     "BusyPolicy",
-    "RunSetbacks",
     "Taken",
     "busy_countdown",
+    "busy_requeues",
+    "end_as_duplicate",
+    "give_up_waiting",
+    "held_at_most",
+    "jittered",
+    "lock_busy",
+    "requeue_behind_twin",
+    "requeue_unavailable",
+    "requeue_uncounted",
+    "resend_with",
 ]
 
 logger = logging.getLogger("celery_redlock.task")
 
-#: Seconds before a task whose Redis nodes were unreachable is tried again.
+#: Seconds (times a jitter of 0.5-1.5) before a run that found a Redis unreachable
+#: (lock nodes, rate limiter, debounce store) is tried again.
 UNAVAILABLE_RETRY = 5.0
 #: Message header: a copy re-queued because its twin (same task id) was running.
 TWIN_HEADER = "redlock_twin"
@@ -54,6 +67,9 @@ TWIN_HEADER = "redlock_twin"
 BUSY_HEADER = "redlock_busy"
 #: The longest countdown between two busy re-queues of a run, whatever the lock's ttl.
 BUSY_BACKOFF_MAX = 30.0
+#: kombu's ``visibility_timeout`` where it is not set, by broker URL scheme, when
+#: shorter than a lock's ttl could be (Redis: 3600 s).
+_DEFAULT_VISIBILITY = {"sqs": 30.0}
 #: Busy-lock re-queues back off as ``2 ** requeues`` seconds, up to this power.
 _MAX_BACKOFF_POWER = 10
 
@@ -69,6 +85,29 @@ def busy_countdown(requeues: int, ttl: float, jitter: float) -> float:
     """
     power = min(max(requeues, 0), _MAX_BACKOFF_POWER)
     return min(float(2**power), ttl, BUSY_BACKOFF_MAX) * jitter
+
+
+def jittered(seconds: float) -> float:
+    """``seconds`` times a jitter drawn from 0.5-1.5, so that runs waiting alike spread out."""
+    return seconds * random.uniform(0.5, 1.5)
+
+
+def held_at_most(app: Any, countdown: float) -> float:
+    """``countdown``, shortened to half the broker's ``visibility_timeout`` if that is less.
+
+    A worker holds a message with a countdown unacknowledged until it is
+    due; held longer than the visibility timeout, the broker delivers it
+    again, and each copy held as long is delivered again in turn. A copy
+    re-queued to look again later must be due before that.
+    """
+    options = app.conf.broker_transport_options or {}
+    timeout = options.get("visibility_timeout")
+    if timeout is None:
+        scheme = str(app.conf.broker_url or "").partition("://")[0]
+        timeout = _DEFAULT_VISIBILITY.get(scheme)
+    if isinstance(timeout, int | float) and timeout > 0:
+        return min(countdown, timeout / 2)
+    return countdown
 
 
 #: A policy that says how long to wait for what is taken, and what to do then.
@@ -93,221 +132,209 @@ class Taken:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-class RunSetbacks:
-    """The ways a :class:`~celery_redlock.tasks.run.TaskRun` ends without running its body."""
+def lock_busy(ctx: RunContext, policy: LockPolicy, key: str, waited: float) -> NoReturn:
+    """Apply ``on_lock_busy`` for a lock another owner holds."""
+    give_up_waiting(
+        ctx,
+        Taken(
+            key=key,
+            subject=f"lock {key!r}",
+            state="busy",
+            found=f"lock {key!r} is held by another run",
+            signal=signals.lock_busy,
+        ),
+        policy,
+        waited,
+    )
 
-    task: Any
-    request: Any
-    policy: TaskPolicy
-    task_id: str
 
-    @property
-    def ttl(self) -> float:
-        """The time to live of the locks held while running."""
-        assert self.policy.ttl is not None, "policy not resolved"
-        return self.policy.ttl
+def give_up_waiting(ctx: RunContext, taken: Taken, policy: BusyPolicy, waited: float) -> NoReturn:
+    """The wait for a lock or a slot ended with it still taken: apply ``on_lock_busy``.
 
-    def on_busy(self, policy: LockPolicy | None, key: str, waited: float) -> NoReturn:
-        """Apply ``on_lock_busy`` for a lock another owner holds."""
-        assert policy is not None
-        self.give_up_waiting(
-            Taken(
-                key=key,
-                subject=f"lock {key!r}",
-                state="busy",
-                found=f"lock {key!r} is held by another run",
-                signal=signals.lock_busy,
-            ),
-            policy,
-            waited,
-        )
-
-    def give_up_waiting(self, taken: Taken, policy: BusyPolicy, waited: float) -> NoReturn:
-        """The wait for a lock or a slot ended with it still taken: apply ``on_lock_busy``.
-
-        ``"retry"`` re-queues without spending ``max_retries``, counted in
-        :data:`BUSY_HEADER`, backing off, and failing once the run has been
-        re-queued ``lock_busy_max_requeues`` times; ``"skip"`` ends the run
-        as ignored; ``"raise"`` (and any direct call) fails it.
-        """
-        task, request = self.task, self.request
-        action = policy.on_busy
-        requeues = self.busy_requeues() if action == "retry" else 0
-        budget = policy.max_requeues
-        spent = action == "retry" and budget is not None and requeues >= budget
-        taken.signal.send(
-            sender=task,
-            task_id=request.id,
-            key=taken.key,
-            waited=waited,
-            action="raise" if spent else action,
-            **taken.details,
-        )
-        error = LockNotAcquired(
-            f"task {task.name!r} ({request.id}): {taken.found}; "
-            "raise lock_timeout to wait longer, or choose on_lock_busy",
-            key=taken.key,
-            timeout=policy.timeout,
-        )
-        if action == "skip":
-            logger.info("task %s: %s %s; skipped", request.id, taken.subject, taken.state)
-            raise Ignore()
-        if action == "raise" or request.called_directly:
-            raise error
-        if spent:
-            logger.warning(
-                "task %s: %s still %s after %d re-queues (lock_busy_max_requeues); failed",
-                request.id,
-                taken.subject,
-                taken.state,
-                requeues,
-            )
-            raise LockNotAcquired(
-                f"task {task.name!r} ({request.id}): {taken.found}, still after {requeues} "
-                f"busy re-queues (lock_busy_max_requeues={budget})",
-                key=taken.key,
-                timeout=policy.timeout,
-            )
-        logger.info(
-            "task %s: %s %s; re-queued (busy re-queue %d)",
+    ``"retry"`` re-queues without spending ``max_retries``, counted in
+    :data:`BUSY_HEADER`, backing off, and failing once the run has been
+    re-queued ``lock_busy_max_requeues`` times; ``"skip"`` ends the run
+    as ignored; ``"raise"`` (and any direct call) fails it.
+    """
+    task, request = ctx.task, ctx.request
+    action = policy.on_busy
+    requeues = busy_requeues(request) if action == "retry" else 0
+    budget = policy.max_requeues
+    spent = action == "retry" and budget is not None and requeues >= budget
+    taken.signal.send(
+        sender=task,
+        task_id=request.id,
+        key=taken.key,
+        waited=waited,
+        action="raise" if spent else action,
+        **taken.details,
+    )
+    error = LockNotAcquired(
+        f"task {task.name!r} ({request.id}): {taken.found}; "
+        "raise lock_timeout to wait longer, or choose on_lock_busy",
+        key=taken.key,
+        timeout=policy.timeout,
+    )
+    if action == "skip":
+        logger.info("task %s: %s %s; skipped", request.id, taken.subject, taken.state)
+        raise Ignore()
+    if action == "raise" or request.called_directly:
+        raise error
+    if spent:
+        logger.warning(
+            "task %s: %s still %s after %d re-queues (lock_busy_max_requeues); failed",
             request.id,
             taken.subject,
             taken.state,
-            requeues + 1,
+            requeues,
         )
-        self.requeue_busy(requeues, error)
+        raise LockNotAcquired(
+            f"task {task.name!r} ({request.id}): {taken.found}, still after {requeues} "
+            f"busy re-queues (lock_busy_max_requeues={budget})",
+            key=taken.key,
+            timeout=policy.timeout,
+        )
+    logger.info(
+        "task %s: %s %s; re-queued (busy re-queue %d)",
+        request.id,
+        taken.subject,
+        taken.state,
+        requeues + 1,
+    )
+    # Backing off; the new message counts one more busy re-queue, no max_retries spent.
+    countdown = busy_countdown(requeues, ctx.ttl, jittered(1.0))
+    requeue_uncounted(ctx, countdown, error, headers={BUSY_HEADER: requeues + 1})
 
-    def requeue_busy(self, requeues: int, error: LockNotAcquired) -> NoReturn:
-        """Re-queue a run that found its lock busy or its concurrency limit full, backing off.
 
-        ``requeues`` is :meth:`busy_requeues`; the new message counts one more
-        in :data:`BUSY_HEADER`, and no ``max_retries`` is spent.
-        """
-        countdown = busy_countdown(requeues, self.ttl, random.uniform(0.5, 1.5))
-        self.requeue_uncounted(countdown, error, headers={BUSY_HEADER: requeues + 1})
+def end_as_duplicate(ctx: RunContext, key: str, holder_id: str | None) -> NoReturn:
+    """A singleton run found another copy queued or running: end as a duplicate.
 
-    def end_as_duplicate(self, key: str, holder_id: str | None) -> NoReturn:
-        """A singleton run found another copy queued or running: end as a duplicate.
+    The copy is not run. Unless it is the holder's own twin (same task id,
+    whose result must stay the holder's) or the holder cannot be told
+    (``holder_id`` ``None``: perhaps that twin), its result becomes a
+    failure with :class:`DuplicateTask` naming the holder, so that
+    ``result.get()`` on a copy sent with ``send_task`` raises instead of
+    waiting forever.
+    """
+    task, request = ctx.task, ctx.request
+    signals.duplicate_suppressed.send(sender=task, task_id=holder_id, key=key, where="worker")
+    logger.info("task %s: duplicate of singleton %s (%r); not run", request.id, holder_id, key)
+    duplicate = DuplicateTask(
+        f"task {task.name!r}: singleton {key!r} is queued or running as task {holder_id}",
+        task_name=task.name,
+        task_id=holder_id,
+        key=key,
+    )
+    if request.called_directly:
+        raise duplicate
+    # No holder to name (it ended between the failed take and the look at
+    # the key, or the nodes did not say): this may be a copy of the run's
+    # own id, whose result a duplicate's failure must never overwrite.
+    if request.id and holder_id is not None and request.id != holder_id:
+        _store_duplicate(ctx, duplicate)
+    raise Ignore()
 
-        The copy is not run. A copy in a canvas waits for the holder's result
-        and ends with it (:func:`~.copies.stand_in`). Otherwise, unless it is
-        the holder's own twin (same task id, whose result must stay the
-        holder's) or the holder cannot be told (``holder_id`` ``None``:
-        perhaps that twin), its result becomes a failure with
-        :class:`DuplicateTask` naming the holder, so that ``result.get()`` on
-        a copy sent with ``send_task`` raises instead of waiting forever.
-        """
-        task, request = self.task, self.request
-        if holder_id and in_canvas(request) and not request.called_directly:
-            stand_in(task, request, self.policy, key, holder_id)
-        signals.duplicate_suppressed.send(sender=task, task_id=holder_id, key=key, where="worker")
-        logger.info("task %s: duplicate of singleton %s (%r); not run", request.id, holder_id, key)
-        duplicate = DuplicateTask(
-            f"task {task.name!r}: singleton {key!r} is queued or running as task {holder_id}",
-            task_name=task.name,
-            task_id=holder_id,
+
+def requeue_behind_twin(ctx: RunContext, key: str, lock: Lock) -> NoReturn:
+    """A copy with our task id holds the lock: come back when it must have ended."""
+    task, request = ctx.task, ctx.request
+    if request.called_directly:
+        raise LockNotAcquired(
+            f"task {task.name!r} ({request.id}): lock {key!r} is held by a run with the same id",
             key=key,
+            timeout=0.0,
         )
-        if request.called_directly:
-            raise duplicate
-        # No holder to name (it ended between the failed take and the look at
-        # the key, or the nodes did not say): this may be a copy of the run's
-        # own id, whose result a duplicate's failure must never overwrite.
-        if request.id and holder_id is not None and request.id != holder_id:
-            self._store_duplicate(duplicate)
-        raise Ignore()
+    left = max(
+        (entry[1] for entry in lock.redlock.inspect(key) if isinstance(entry, tuple)),
+        default=1.0,
+    )
+    countdown = held_at_most(task.app, left + jittered(1.0))
+    logger.info(
+        "task %s: a copy with the same id holds %r; re-queued to check again in %.1f s",
+        request.id,
+        key,
+        countdown,
+    )
+    signals.lock_busy.send(sender=task, task_id=request.id, key=key, waited=0.0, action="twin")
+    resend_with(ctx, TWIN_HEADER, True, countdown)
 
-    def drop_if_finished(self, *, backend: bool) -> None:
-        """End a copy as ignored if its task id already finished, keeping the result it left.
 
-        ``backend``: ask the result backend too, not only the lock nodes.
-        """
-        # A task without locks or a slot (a global rate limit only) leaves no
-        # mark on lock nodes.
-        policy = self.policy
-        holds = (policy.lock, policy.singleton, policy.concurrency)
-        locked = any(part is not None for part in holds)
-        redlock = redlock_for(self.task.app) if locked else None
-        why = finished(self.task, redlock, self.task_id, backend=backend)
-        if why is not None:
-            logger.info("task %s: already finished (%s); this copy is not run", self.task_id, why)
-            raise Ignore()
+def resend_with(ctx: RunContext, header: str, value: Any, countdown: float) -> NoReturn:
+    """Send this run again in ``countdown`` s with one more ``header``; end it as ignored."""
+    request = ctx.request
+    copy = ctx.task.signature_from_request(
+        request, request.args, request.kwargs, countdown=countdown
+    )
+    copy.options["headers"] = {**(copy.options.get("headers") or {}), header: value}
+    copy.apply_async()
+    raise Ignore()
 
-    def requeue_behind_twin(self, key: str, lock: Lock) -> NoReturn:
-        """A copy with our task id holds the lock: come back when it must have ended."""
-        task, request = self.task, self.request
-        if request.called_directly:
-            raise LockNotAcquired(
-                f"task {task.name!r} ({request.id}): lock {key!r} is held by a run with the "
-                "same id",
-                key=key,
-                timeout=0.0,
-            )
-        left = max(
-            (entry[1] for entry in lock.redlock.inspect(key) if isinstance(entry, tuple)),
-            default=1.0,
-        )
-        countdown = held_at_most(task.app, left + random.uniform(0.5, 1.5))
-        logger.info(
-            "task %s: a copy with the same id holds %r; re-queued to check again in %.1f s",
-            request.id,
-            key,
-            countdown,
-        )
-        signals.lock_busy.send(sender=task, task_id=request.id, key=key, waited=0.0, action="twin")
-        copy = task.signature_from_request(
-            request, request.args, request.kwargs, countdown=countdown
-        )
-        copy.options["headers"] = {**(copy.options.get("headers") or {}), TWIN_HEADER: True}
-        copy.apply_async()
-        raise Ignore()
 
-    def requeue_unavailable(self, what: str, exc: QuorumUnavailable) -> NoReturn:
-        """Lock nodes unreachable at task start: re-queue (not counted as a retry).
+def requeue_unavailable(
+    ctx: RunContext,
+    what: str,
+    error: QuorumUnavailable | RateLimiterUnavailable | DebounceUnavailable,
+    *,
+    quiet: bool = False,
+) -> NoReturn:
+    """A Redis the run needs did not answer: re-queue it in :data:`UNAVAILABLE_RETRY` s, jittered.
 
-        Logged, and handed to Celery's retry, as one line with a node summary.
-        A direct call or an eager run, which nothing can re-queue, raises ``exc``.
-        """
-        task, request = self.task, self.request
-        if request.called_directly or request.is_eager:
-            raise exc
-        countdown = UNAVAILABLE_RETRY * random.uniform(0.5, 1.5)
-        short = short_error(exc, what)
-        logger.warning(
-            "task %s (%s): %s; re-queued to run in %.1f s", task.name, request.id, short, countdown
-        )
-        self.requeue_uncounted(countdown, short)
+    Not counted as a retry. Logged (at DEBUG with ``quiet``: the limiter
+    tells its outage once), and handed to Celery's retry, as one line
+    ``<what>, Redis unavailable: <summary>``. A direct call or an eager
+    run, which nothing can re-queue, raises ``error``.
+    """
+    task, request = ctx.task, ctx.request
+    if request.called_directly or request.is_eager:
+        raise error
+    countdown = jittered(UNAVAILABLE_RETRY)
+    short: BaseException
+    if isinstance(error, DebounceUnavailable):
+        short = DebounceUnavailable(f"{what}, Redis unavailable: {error}", node=error.node)
+        short.__cause__ = error
+    else:
+        short = short_error(error, what)
+    logger.log(
+        logging.DEBUG if quiet else logging.WARNING,
+        "task %s (%s): %s; re-queued to run in %.1f s",
+        task.name,
+        request.id,
+        short,
+        countdown,
+    )
+    requeue_uncounted(ctx, countdown, short)
 
-    def requeue_uncounted(
-        self, countdown: float, exc: BaseException, *, headers: dict[str, Any] | None = None
-    ) -> NoReturn:
-        """Re-queue the current run without using up one of its ``max_retries``.
 
-        ``headers`` are set on the new message, beside those of the current one.
-        """
-        request = self.request
-        request.retries = max(request.retries - 1, -1)
-        options: dict[str, Any] = {}
-        if headers:
-            options["headers"] = {**(request.headers or {}), **headers}
-        # Celery's own retry: the locks are released by run() as Retry passes.
-        raise Task.retry(self.task, countdown=countdown, exc=exc, max_retries=None, **options)
+def requeue_uncounted(
+    ctx: RunContext, countdown: float, exc: BaseException, *, headers: dict[str, Any] | None = None
+) -> NoReturn:
+    """Re-queue the current run without using up one of its ``max_retries``.
 
-    def busy_requeues(self) -> int:
-        """Busy re-queues of this run so far: busy lock or full limit (:data:`BUSY_HEADER`)."""
-        headers = self.request.headers or {}
-        count = headers.get(BUSY_HEADER)
-        if count is None:
-            count = getattr(self.request, BUSY_HEADER, None)
-        return count if isinstance(count, int) and not isinstance(count, bool) else 0
+    ``headers`` are set on the new message, beside those of the current one.
+    """
+    request = ctx.request
+    request.retries = max(request.retries - 1, -1)
+    options: dict[str, Any] = {}
+    if headers:
+        options["headers"] = {**(request.headers or {}), **headers}
+    # Celery's own retry: the locks are released by run() as Retry passes.
+    raise Task.retry(ctx.task, countdown=countdown, exc=exc, max_retries=None, **options)
 
-    def _store_duplicate(self, duplicate: DuplicateTask) -> None:
-        task, request = self.task, self.request
-        if task.ignore_result or getattr(request, "ignore_result", False):
-            return
-        try:
-            task.backend.store_result(request.id, duplicate, states.FAILURE, request=request)
-        except Exception as exc:  # no result backend, or it is down: the log line stays
-            logger.debug(
-                "task %s: duplicate not recorded in the result backend: %s", request.id, exc
-            )
+
+def busy_requeues(request: Any) -> int:
+    """Busy re-queues of this run so far: busy lock or full limit (:data:`BUSY_HEADER`)."""
+    headers = request.headers or {}
+    count = headers.get(BUSY_HEADER)
+    if count is None:
+        count = getattr(request, BUSY_HEADER, None)
+    return count if isinstance(count, int) and not isinstance(count, bool) else 0
+
+
+def _store_duplicate(ctx: RunContext, duplicate: DuplicateTask) -> None:
+    task, request = ctx.task, ctx.request
+    if task.ignore_result or getattr(request, "ignore_result", False):
+        return
+    try:
+        task.backend.store_result(request.id, duplicate, states.FAILURE, request=request)
+    except Exception as exc:  # no result backend, or it is down: the log line stays
+        logger.debug("task %s: duplicate not recorded in the result backend: %s", request.id, exc)

@@ -10,12 +10,8 @@ from celery import Celery
 from celery.app.task import Context
 
 from celery_redlock._layout import done_key, lock_name
-from celery_redlock.tasks.features.redelivery import (
-    held_at_most,
-    in_canvas,
-    leaves_mark,
-    redelivered,
-)
+from celery_redlock.tasks.features.redelivery import in_canvas, leaves_mark, redelivered
+from celery_redlock.tasks.run_endings import held_at_most
 
 
 def app_with(**transport: Any) -> Celery:

@@ -2,7 +2,7 @@
 
 ``@app.task(base=LockedTask, concurrency_limit=3, concurrency_key="export:{tenant_id}")``
 lets at most 3 runs per key inside their body at once, across every worker.
-:class:`SlotGate` takes the slot for a :class:`~celery_redlock.tasks.run.TaskRun`,
+:class:`SlotGate` takes the slot for a run (:class:`~..run_context.RunContext`),
 after its locks and before the rate limit counts it:
 
 - the slot is a :class:`~celery_redlock.lock.semaphore.Semaphore` slot owned by
@@ -19,18 +19,14 @@ after its locks and before the rate limit counts it:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
-from ... import _clock, signals
+from ... import signals
 from ..._layout import LockValue
-from ...errors import QuorumUnavailable
-from ...lock.renewal import HeldLock, heartbeat
-from ..app_state import redlock_for
+from ...lock.renewal import HeldLock
 from ..feature_policies import ConcurrencyPolicy
-from ..run_endings import Taken
-
-if TYPE_CHECKING:
-    from ..run import TaskRun
+from ..run_context import RunContext
+from ..run_endings import Taken, give_up_waiting
 
 __all__ = ["SlotGate"]
 
@@ -43,44 +39,21 @@ class SlotGate:
         held = SlotGate(run, policy.concurrency).take()   # registered with the heartbeat
     """
 
-    def __init__(self, run: TaskRun, policy: ConcurrencyPolicy) -> None:
+    def __init__(self, run: RunContext, policy: ConcurrencyPolicy) -> None:
         self.run = run
         self.policy = policy
         self.key = policy.key.render(run.args, run.kwargs)
 
     def take(self) -> HeldLock:
-        """Take a slot and register it with the heartbeat; on a full limit, ``on_lock_busy``.
+        """Take a slot and hold it with the run's locks; on a full limit, ``on_lock_busy``.
 
         Waits up to ``lock_timeout`` for a slot (woken by the release of
         one, in arrival order among the waiters).
         """
-        run, policy, key = self.run, self.policy, self.key
-        task, task_id = run.task, run.task_id
-        owner = LockValue.owner_text(task_id, run.worker())
-        slots = redlock_for(task.app).semaphore(key, policy.limit, ttl=run.ttl, owner=owner)
-        started = _clock.monotonic()
-        try:
-            acquired = slots.acquire(blocking=policy.timeout > 0, timeout=policy.timeout)
-        except QuorumUnavailable as exc:
-            run.requeue_unavailable(f"concurrency slot {key!r} not taken", exc)
-        waited = _clock.monotonic() - started
-        if not acquired:
-            self.busy(waited)
-        held = heartbeat().hold(
-            slots,
-            task_id=task_id,
-            progress_timeout=run.policy.progress_timeout,
-            on_lost=run.send_lost,
-        )
-        signals.slot_acquired.send(
-            sender=task,
-            task_id=task_id,
-            key=key,
-            limit=policy.limit,
-            slot=slots.slot,
-            waited=waited,
-        )
-        return held
+        run, policy = self.run, self.policy
+        owner = LockValue.owner_text(run.task_id, run.worker())
+        slots = run.redlock.semaphore(self.key, policy.limit, ttl=run.ttl, owner=owner)
+        return run.hold(slots, self.busy, timeout=policy.timeout)
 
     def busy(self, waited: float) -> NoReturn:
         """Every slot stayed taken: apply ``on_lock_busy`` (re-queue, skip or raise).
@@ -98,4 +71,4 @@ class SlotGate:
             signal=signals.slot_busy,
             details={"limit": policy.limit},
         )
-        self.run.give_up_waiting(taken, policy, waited)
+        give_up_waiting(self.run, taken, policy, waited)

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import random
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery import states
@@ -58,20 +57,19 @@ from celery.utils import uuid
 from ... import signals
 from ...errors import DebounceUnavailable, RedlockError, Superseded
 from ..app_state import debounce_store_for as store_for
+from ..run_context import RunContext
+from ..run_endings import requeue_unavailable, requeue_uncounted, resend_with
 
 if TYPE_CHECKING:
     from ..feature_policies import DebouncePolicy
     from ..publish import Publication
-    from ..run import TaskRun
 
-__all__ = ["DEBOUNCE_HEADER", "UNAVAILABLE_RETRY", "admit", "publish"]
+__all__ = ["DEBOUNCE_HEADER", "admit", "publish"]
 
 logger = logging.getLogger("celery_redlock.debounce")
 
 #: Message header carrying a copy's publish sequence number.
 DEBOUNCE_HEADER = "redlock_debounce"
-#: Seconds before a copy that could not reach the debounce store comes up again.
-UNAVAILABLE_RETRY = 5.0
 
 
 # -- publishing ------------------------------------------------------------------------
@@ -156,7 +154,7 @@ def _withdraw(app: Any, name: str, task_id: str) -> None:
 # -- in the worker -----------------------------------------------------------------------
 
 
-def admit(run: TaskRun) -> None:
+def admit(run: RunContext) -> None:
     """Return if the run is its key's latest publish and due; else end or re-queue it."""
     task, request = run.task, run.request
     policy = run.policy.debounce
@@ -172,22 +170,13 @@ def admit(run: TaskRun) -> None:
             _send_recorded(run, name, seq, policy.delay)
         verdict = store.check(name, run.task_id, seq, ttl=policy.ttl)
     except DebounceUnavailable as exc:
-        countdown = UNAVAILABLE_RETRY * random.uniform(0.5, 1.5)
-        logger.warning(
-            "task %s (%s): debounce %r not checked: %s; re-queued to run in %.1f s",
-            task.name,
-            request.id,
-            name,
-            exc,
-            countdown,
-        )
-        run.requeue_uncounted(countdown, exc)
+        requeue_unavailable(run, f"debounce {name!r} not checked", exc)
     if verdict.action == "run":
         return
     if verdict.action == "early":
         # Due later on the store's clock than on the publisher's: wait the rest.
-        run.requeue_uncounted(
-            verdict.wait, RedlockError(f"debounce {name!r}: due in {verdict.wait:.3f} s")
+        requeue_uncounted(
+            run, verdict.wait, RedlockError(f"debounce {name!r}: due in {verdict.wait:.3f} s")
         )
     _end_superseded(run, name, verdict.latest)
 
@@ -204,7 +193,7 @@ def _sequence(request: Any) -> int | None:
     return None
 
 
-def _send_recorded(run: TaskRun, name: str, seq: int, delay: float) -> NoReturn:
+def _send_recorded(run: RunContext, name: str, seq: int, delay: float) -> NoReturn:
     """An unrecorded copy, now recorded: send it again, to run ``delay`` s from now."""
     task, request = run.task, run.request
     logger.info(
@@ -216,13 +205,10 @@ def _send_recorded(run: TaskRun, name: str, seq: int, delay: float) -> NoReturn:
     signals.debounce_published.send(
         sender=task, task_id=request.id, key=name, delay=delay, recorded=True
     )
-    copy = task.signature_from_request(request, request.args, request.kwargs, countdown=delay)
-    copy.options["headers"] = {**(copy.options.get("headers") or {}), DEBOUNCE_HEADER: seq}
-    copy.apply_async()
-    raise Ignore()
+    resend_with(run, DEBOUNCE_HEADER, seq, delay)
 
 
-def _end_superseded(run: TaskRun, name: str, latest: str | None) -> NoReturn:
+def _end_superseded(run: RunContext, name: str, latest: str | None) -> NoReturn:
     task, request = run.task, run.request
     signals.debounce_superseded.send(sender=task, task_id=request.id, key=name, latest=latest)
     logger.info("task %s: debounce %r superseded by task %s; not run", request.id, name, latest)

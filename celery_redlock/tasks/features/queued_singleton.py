@@ -38,20 +38,17 @@ default mode.
 from __future__ import annotations
 
 import logging
-import random
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 from ... import signals
 from ..._layout import QUEUED, LockValue
 from ...errors import LockNotAcquired, QuorumUnavailable
-from ...lock.renewal import HeldLock
-from ..app_state import redlock_for
-from .singleton import queued_marker, queued_name, task_id_of
+from ..run_context import RunContext
+from ..run_endings import jittered, requeue_unavailable, requeue_uncounted
+from .redelivery import duplicate_found
+from .singleton import queued_name, task_id_of
 
-if TYPE_CHECKING:
-    from ..run import TaskRun
-
-__all__ = ["FOLLOW_UP_POLL", "take_running"]
+__all__ = ["FOLLOW_UP_POLL", "running", "wait_or_end"]
 
 logger = logging.getLogger("celery_redlock.task")
 
@@ -59,18 +56,13 @@ logger = logging.getLogger("celery_redlock.task")
 FOLLOW_UP_POLL = 1.0
 
 
-def take_running(run: TaskRun, name: str) -> HeldLock:
-    """Make the run the singleton's running copy, or wait as its follow-up, or end it.
+def running(run: RunContext, name: str) -> None:
+    """The run took ``name``, as the singleton's running copy: free its ``<name>:queued``.
 
-    Takes ``name`` (over from the copy's own retry, if it left it "queued"),
-    then frees the copy's ``<name>:queued``, so a new follow-up can queue.
+    So a new follow-up can queue. (Taken over from the copy's own retry, if
+    it left ``name`` "queued"; a busy ``name`` went to :func:`wait_or_end`.)
     """
-    held = run.take(
-        name,
-        replaces=queued_marker(run.task_id),
-        busy=lambda key, holder: _wait_or_end(run, key, holder),
-    )
-    redlock = redlock_for(run.task.app)
+    redlock = run.redlock
     queued = queued_name(name)
     # Freed with its publish's argument preview: the copy no longer waits.
     # Not ours, or no longer held, is the usual case for a copy sent by name
@@ -87,15 +79,14 @@ def take_running(run: TaskRun, name: str) -> HeldLock:
             run.task_id,
             queued,
         )
-    return held
 
 
-def _wait_or_end(run: TaskRun, name: str, holder_id: str | None) -> NoReturn:
+def wait_or_end(run: RunContext, name: str, holder_id: str | None) -> NoReturn:
     """Another copy runs: wait as the follow-up, or end as a duplicate of the one that is."""
     task = run.task
     singleton = run.policy.singleton
     assert singleton is not None
-    redlock = redlock_for(task.app)
+    redlock = run.redlock
     queued = queued_name(name)
     try:
         waiting = task_id_of(redlock.holder(queued))
@@ -107,10 +98,10 @@ def _wait_or_end(run: TaskRun, name: str, holder_id: str | None) -> NoReturn:
             if waiting is None:
                 waiting = task_id_of(redlock.holder(queued))
     except QuorumUnavailable as exc:
-        run.requeue_unavailable(f"singleton {queued!r} not checked", exc)
+        requeue_unavailable(run, f"singleton {queued!r} not checked", exc)
     if waiting is not None and waiting != run.task_id:
-        run.end_as_duplicate(queued, waiting)
-    countdown = FOLLOW_UP_POLL * random.uniform(0.5, 1.5)
+        duplicate_found(run, queued, waiting)
+    countdown = jittered(FOLLOW_UP_POLL)
     signals.lock_busy.send(
         sender=task, task_id=run.task_id, key=name, waited=0.0, action="follow-up"
     )
@@ -121,7 +112,8 @@ def _wait_or_end(run: TaskRun, name: str, holder_id: str | None) -> NoReturn:
         holder_id,
         countdown,
     )
-    run.requeue_uncounted(
+    requeue_uncounted(
+        run,
         countdown,
         LockNotAcquired(
             f"task {task.name!r} ({run.task_id}): singleton {name!r} runs as task "

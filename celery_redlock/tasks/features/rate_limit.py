@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
 from typing import Any, NoReturn
 
 from celery import states
@@ -52,22 +51,17 @@ from ... import signals
 from ...errors import ConfigurationError, RateLimited, RateLimiterUnavailable
 from ...ratelimit import Limit, RateLimitDecision
 from ...ratelimit.rates import Rate
-from ...transport.failure_text import short_error
 from ..app_state import limiter_for
 from ..feature_policies import RatePolicy
+from ..run_context import RunContext
+from ..run_endings import requeue_unavailable, requeue_uncounted
 
-__all__ = ["LIMITER_DOWN_RETRY", "PUBLISH_BUDGET", "RateGate", "Requeue"]
+__all__ = ["PUBLISH_BUDGET", "RateGate"]
 
 logger = logging.getLogger("celery_redlock.task")
 
 #: The budget beat's publishes of a task are counted in.
 PUBLISH_BUDGET = "publish"
-#: Seconds (times 0.5-1.5) before a run re-queued while the limiter is down tries again.
-LIMITER_DOWN_RETRY = 5.0
-
-#: Puts the current run back on the queue, ``countdown`` seconds from now, without
-#: spending one of its ``max_retries`` (``TaskRun.requeue_uncounted``).
-Requeue = Callable[[float, BaseException], NoReturn]
 
 
 class RateGate:
@@ -76,9 +70,9 @@ class RateGate:
     Example (what :class:`~..run.TaskRun` does)::
 
         gate = RateGate(task, policy.rate, args, kwargs)
-        gate.screen(request, requeue)      # before the locks: look
+        gate.screen(run)      # before the locks: look
         ...take the locks...
-        gate.admit(request, requeue)       # then count, and run
+        gate.admit(run)       # then count, and run
     """
 
     def __init__(self, task: Any, policy: RatePolicy, args: Any, kwargs: Any) -> None:
@@ -96,49 +90,34 @@ class RateGate:
 
     # -- in the worker -------------------------------------------------------------
 
-    def screen(self, request: Any, requeue: Requeue) -> None:
+    def screen(self, run: RunContext) -> None:
         """Look, counting nothing: re-queue (or skip, or raise) a run the limit refuses now."""
-        self._pass(request, requeue, count=False)
+        self._pass(run, count=False)
 
-    def admit(self, request: Any, requeue: Requeue) -> None:
+    def admit(self, run: RunContext) -> None:
         """Count the run that is about to start; re-queue (or skip, or raise) if refused."""
-        self._pass(request, requeue, count=True)
+        self._pass(run, count=True)
 
-    def _pass(self, request: Any, requeue: Requeue, *, count: bool) -> None:
-        limiter = limiter_for(self.task.app)
+    def _pass(self, run: RunContext, *, count: bool) -> None:
         try:
             if count:
-                decision = limiter.hit(list(self.limits), cost=self.cost)
+                decision = run.limiter.hit(list(self.limits), cost=self.cost)
             else:
-                decision = limiter.peek(list(self.limits), cost=self.cost)
+                decision = run.limiter.peek(list(self.limits), cost=self.cost)
         except RateLimiterUnavailable as exc:
-            if request.called_directly or request.is_eager:  # nothing to re-queue
-                raise
-            self._limiter_down(request, requeue, exc)
+            self._limiter_down(run, exc)
         for limit in decision.limits:
             if limit.raised:
-                self._adapted(request.id, limit.key, "increase", limit.limit, limit.period)
+                self._adapted(run.request.id, limit.key, "increase", limit.limit, limit.period)
         if not decision.allowed:
-            self._refused(decision, request, requeue)
+            self._refused(decision, run)
 
-    def _limiter_down(
-        self, request: Any, requeue: Requeue, exc: RateLimiterUnavailable
-    ) -> NoReturn:
-        countdown = LIMITER_DOWN_RETRY * random.uniform(0.5, 1.5)
+    def _limiter_down(self, run: RunContext, exc: RateLimiterUnavailable) -> NoReturn:
         # The limiter has logged the outage once; one line per run would flood the log.
-        logger.debug(
-            "task %s (%s): rate limit %s not checked, the limiter is unavailable; "
-            "re-queued, will run again in %.1f s",
-            self.task.name,
-            request.id,
-            self.keys,
-            countdown,
-        )
-        # Celery's retry line carries the same error, in one line.
-        requeue(countdown, short_error(exc, f"rate limit {self.keys} not checked"))
+        requeue_unavailable(run, f"rate limit {self.keys} not checked", exc, quiet=True)
 
-    def _refused(self, decision: RateLimitDecision, request: Any, requeue: Requeue) -> NoReturn:
-        task, action = self.task, self.policy.on_limited
+    def _refused(self, decision: RateLimitDecision, run: RunContext) -> NoReturn:
+        task, request, action = self.task, run.request, self.policy.on_limited
         refused = decision.refused_by or decision.limits
         tightest = max(refused, key=lambda limit: limit.retry_after)
         signals.rate_limited.send(
@@ -165,11 +144,9 @@ class RateGate:
         # Spread the waiting runs over one slot of the limit, so they do not all
         # come back at the same moment.
         spread = tightest.period / tightest.limit
-        requeue(decision.retry_after + random.uniform(0.0, spread), error)
+        requeue_uncounted(run, decision.retry_after + random.uniform(0.0, spread), error)
 
-    def refused(
-        self, request: Any, requeue: Requeue, retry_after: float | None, key: str | None
-    ) -> NoReturn:
+    def refused(self, run: RunContext, retry_after: float | None, key: str | None) -> NoReturn:
         """The service behind a limit refused this run's call: pause, adapt, re-queue.
 
         Pauses the limit's key (``key``; default: the limits on the task's
@@ -179,7 +156,7 @@ class RateGate:
         ``rate_limit_adaptive`` task, and re-queues this run for the pause's
         end, not counted against ``max_retries``.
         """
-        task = self.task
+        task, request = self.task, run.request
         limits = [
             limit
             for limit, made in zip(self.limits, self.policy.limits, strict=True)
@@ -192,15 +169,12 @@ class RateGate:
                 f"its keys are {self.keys}",
                 task=task.name,
             )
-        limiter = limiter_for(task.app)
         paused_for = 0.0
         for limit in limits:
             try:
-                backoff = limiter.refused(limit, retry_after, adapt=self.policy.adaptive)
+                backoff = run.limiter.refused(limit, retry_after, adapt=self.policy.adaptive)
             except RateLimiterUnavailable as exc:
-                if request.called_directly or request.is_eager:
-                    raise
-                self._limiter_down(request, requeue, exc)
+                self._limiter_down(run, exc)
             paused_for = max(paused_for, backoff.paused_for)
             signals.rate_paused.send(
                 sender=task, task_id=request.id, key=limit.key, paused_for=backoff.paused_for
@@ -224,7 +198,7 @@ class RateGate:
         )
         if request.called_directly:
             raise error
-        requeue(paused_for + random.uniform(0.0, 0.1 * max(paused_for, 0.1)), error)
+        requeue_uncounted(run, paused_for + random.uniform(0.0, 0.1 * max(paused_for, 0.1)), error)
 
     def _adapted(self, task_id: Any, key: str, change: str, limit: float, period: float) -> None:
         signals.rate_adapted.send(

@@ -56,7 +56,6 @@ run has ended: it then ends with the winner's return value, or fails with
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -69,17 +68,18 @@ from ...errors import DuplicateTask
 from ...lock.quorum import failed, reply
 from ...lock.redlock import Redlock
 from ...transport.nodes import Command, fan_out
-from ..app_state import redlock_for
-from ..policies import TaskPolicy
+from ..run_context import RunContext
+from ..run_endings import end_as_duplicate, held_at_most, jittered, resend_with
 from .singleton import queued_name, seconds_held, task_id_of
 
 __all__ = [
     "DONE_TTL_FACTOR",
     "WINNER_HEADER",
     "delivery_name",
+    "drop_if_finished",
+    "duplicate_found",
     "ended_by_worker",
     "finished",
-    "held_at_most",
     "in_canvas",
     "leaves_mark",
     "look_at_winner",
@@ -97,9 +97,6 @@ logger = logging.getLogger("celery_redlock.task")
 DONE_TTL_FACTOR = 2.0
 #: Message header of a canvas copy waiting for the run of this task id.
 WINNER_HEADER = "redlock_winner"
-#: kombu's ``visibility_timeout`` where it is not set, by broker URL scheme, when
-#: shorter than a lock's ttl could be (Redis: 3600 s).
-_DEFAULT_VISIBILITY = {"sqs": 30.0}
 #: Longest wait, in seconds, before a waiting canvas copy looks at its winner again.
 _WINNER_POLL = 2.0
 
@@ -127,7 +124,10 @@ def leaves_mark(task: Any, request: Any) -> bool:
 
 def mark_done(redlock: Redlock, task_id: str, ttl: float) -> None:
     """Record on every lock node that a run of ``task_id`` ended; best effort."""
-    _mark(redlock, done_key(redlock.key_prefix, task_id), ttl)
+    try:
+        _mark(redlock, done_key(redlock.key_prefix, task_id), ttl)
+    except Exception as exc:  # the result backend still tells, where there is one
+        logger.warning("task %s: done mark not written: %s", task_id, exc)
 
 
 def mark_ended(redlock: Redlock, task_id: str, where: str, ttl: float) -> None:
@@ -140,8 +140,14 @@ def mark_ended(redlock: Redlock, task_id: str, where: str, ttl: float) -> None:
 
 
 def ended_by_worker(redlock: Redlock, task_id: str, where: str) -> bool:
-    """Whether the worker ended the run of ``task_id`` at ``where`` (:func:`mark_ended`)."""
-    return _marked(redlock, ended_key(redlock.key_prefix, task_id, where))
+    """Whether the worker ended the run of ``task_id`` at ``where`` (:func:`mark_ended`).
+
+    ``False`` when the nodes cannot tell: a loss is told rather than hidden.
+    """
+    try:
+        return _marked(redlock, ended_key(redlock.key_prefix, task_id, where))
+    except Exception:
+        return False
 
 
 def _mark(redlock: Redlock, key: str, ttl: float) -> None:
@@ -186,22 +192,19 @@ def finished(
     return None
 
 
-def held_at_most(app: Any, countdown: float) -> float:
-    """``countdown``, shortened to half the broker's ``visibility_timeout`` if that is less.
+def drop_if_finished(run: RunContext, *, backend: bool) -> None:
+    """End a copy as ignored if its task id already finished, keeping the result it left.
 
-    A worker holds a message with a countdown unacknowledged until it is
-    due; held longer than the visibility timeout, the broker delivers it
-    again, and each copy held as long is delivered again in turn. A copy
-    re-queued to look again later must be due before that.
+    ``backend``: ask the result backend too, not only the lock nodes.
     """
-    options = app.conf.broker_transport_options or {}
-    timeout = options.get("visibility_timeout")
-    if timeout is None:
-        scheme = str(app.conf.broker_url or "").partition("://")[0]
-        timeout = _DEFAULT_VISIBILITY.get(scheme)
-    if isinstance(timeout, int | float) and timeout > 0:
-        return min(countdown, timeout / 2)
-    return countdown
+    # A task without locks or a slot (a global rate limit only) leaves no
+    # mark on lock nodes.
+    policy = run.policy
+    locked = any(part is not None for part in (policy.lock, policy.singleton, policy.concurrency))
+    why = finished(run.task, run.redlock if locked else None, run.task_id, backend=backend)
+    if why is not None:
+        logger.info("task %s: already finished (%s); this copy is not run", run.task_id, why)
+        raise Ignore()
 
 
 # -- canvas copies ---------------------------------------------------------------------
@@ -216,72 +219,77 @@ def in_canvas(request: Any) -> bool:
     return any(getattr(request, name, None) for name in names)
 
 
-def stand_in(task: Any, request: Any, policy: TaskPolicy, key: str, holder_id: str) -> NoReturn:
+def duplicate_found(run: RunContext, key: str, holder_id: str | None) -> NoReturn:
+    """A singleton run found another copy queued or running: it is not run.
+
+    A copy in a canvas waits for the holder's result and ends with it
+    (:func:`stand_in`); any other ends as a duplicate (:func:`.run_endings.end_as_duplicate`).
+    """
+    if holder_id and in_canvas(run.request) and not run.request.called_directly:
+        stand_in(run, key, holder_id)
+    end_as_duplicate(run, key, holder_id)
+
+
+def stand_in(run: RunContext, key: str, holder_id: str) -> NoReturn:
     """A duplicate singleton in a canvas: end with the result of ``holder_id``, later.
 
     Its task id was frozen by the canvas, which waits for a result under it.
     With ``on_duplicate="raise"`` it fails now with :class:`DuplicateTask`;
     otherwise it is re-queued until the holder has ended.
     """
+    task = run.task
     signals.duplicate_suppressed.send(sender=task, task_id=holder_id, key=key, where="worker")
-    assert policy.singleton is not None
-    if policy.singleton.on_duplicate == "raise":
+    assert run.policy.singleton is not None
+    if run.policy.singleton.on_duplicate == "raise":
         raise DuplicateTask(
             f"task {task.name!r}: singleton {key!r} is queued or running as task {holder_id}",
             task_name=task.name,
             task_id=holder_id,
             key=key,
-            ttl=seconds_held(redlock_for(task.app), key, holder_id),
+            ttl=seconds_held(run.redlock, key, holder_id),
         )
-    entries = redlock_for(task.app).inspect(key)
+    entries = run.redlock.inspect(key)
     left = max((entry[1] for entry in entries if isinstance(entry, tuple)), default=1.0)
-    _wait_for_winner(task, request, key, holder_id, left)
+    _wait_for_winner(run, key, holder_id, left)
 
 
-def look_at_winner(
-    task: Any, request: Any, policy: TaskPolicy, args: Any, kwargs: Any, winner: str
-) -> tuple[bool, Any]:
+def look_at_winner(run: RunContext, winner: str) -> tuple[bool, Any]:
     """A canvas copy back from waiting for ``winner``: its result, or wait again.
 
     Returns ``(True, value)`` to end with the winner's value, ``(False,
     None)`` to run as a singleton of its own (the winner is gone).
     """
-    singleton = policy.singleton
+    task, singleton = run.task, run.policy.singleton
     assert singleton is not None
-    key = singleton.name(task.name, args, kwargs)
+    key = singleton.name(task.name, run.args, run.kwargs)
     # In "queued" mode the winner may still wait as the follow-up.
     names = (key, queued_name(key)) if singleton.mode == "queued" else (key,)
-    ended, value = winner_outcome(task, redlock_for(task.app), names, winner)
+    ended, value = winner_outcome(task, run.redlock, names, winner)
     if ended:
-        logger.info("task %s: ends with the result of singleton %s", request.id, winner)
+        logger.info("task %s: ends with the result of singleton %s", run.request.id, winner)
         return True, value
     if value is not None:
-        _wait_for_winner(task, request, key, winner, value, again=True)
+        _wait_for_winner(run, key, winner, value, again=True)
     return False, None
 
 
 def _wait_for_winner(
-    task: Any, request: Any, key: str, holder_id: str, left: float, *, again: bool = False
+    run: RunContext, key: str, holder_id: str, left: float, *, again: bool = False
 ) -> NoReturn:
     """Re-queue a canvas copy until ``holder_id``, which holds singleton ``key``, has ended.
 
     ``left`` is the holder's lock's time to live, in seconds. Told at INFO
     the first time, at DEBUG each time the copy looks again.
     """
-    countdown = held_at_most(task.app, max(0.2, min(left, _WINNER_POLL)) * random.uniform(0.5, 1.5))
+    countdown = held_at_most(run.task.app, jittered(max(0.2, min(left, _WINNER_POLL))))
     logger.log(
         logging.DEBUG if again else logging.INFO,
         "task %s: duplicate of singleton %s (%r) in a canvas; waiting for its result",
-        request.id,
+        run.request.id,
         holder_id,
         key,
     )
-    copy = task.signature_from_request(request, request.args, request.kwargs, countdown=countdown)
-    headers = dict(copy.options.get("headers") or {})
-    headers[WINNER_HEADER] = holder_id
-    copy.options["headers"] = headers
-    copy.apply_async()
-    raise Ignore()
+    resend_with(run, WINNER_HEADER, holder_id, countdown)
 
 
 def winner_outcome(
