@@ -63,17 +63,9 @@ from .features.redelivery import (
 )
 from .features.singleton import queued_marker, task_id_of
 from .policies import TaskPolicy
-from .run_endings import (
-    BUSY_BACKOFF_MAX,
-    BUSY_HEADER,
-    TWIN_HEADER,
-    busy_countdown,
-    lock_busy,
-    requeue_behind_twin,
-    requeue_unavailable,
-)
+from .run_endings import TWIN_HEADER, lock_busy, requeue_behind_twin, requeue_unavailable
 
-__all__ = ["BUSY_BACKOFF_MAX", "BUSY_HEADER", "TWIN_HEADER", "TaskRun", "busy_countdown"]
+__all__ = ["TaskRun"]
 
 logger = logging.getLogger("celery_redlock.task")
 

@@ -20,7 +20,7 @@ from celery_redlock._clock import monotonic
 from celery_redlock.lock import renewal as heartbeat_module
 from celery_redlock.lock.redlock import LOST, RENEWED, UNREACHABLE
 from celery_redlock.lock.renewal import Heartbeat, HeldLock
-from celery_redlock.tasks.run import BUSY_BACKOFF_MAX, busy_countdown
+from celery_redlock.tasks.run_endings import BUSY_BACKOFF_MAX, busy_countdown
 
 
 class Nodes:

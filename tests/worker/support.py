@@ -35,7 +35,7 @@ from celery_redlock import LockedTask, Redlock, setup
 from celery_redlock._layout import semaphore_keys
 from celery_redlock.errors import LockLost
 from celery_redlock.signals import lock_busy, lock_lost
-from celery_redlock.tasks.run import BUSY_HEADER
+from celery_redlock.tasks.run_endings import BUSY_HEADER
 from celery_redlock.testing import RedisServer
 
 #: The repository's root: where ``celery -A tests.worker.support`` runs.

@@ -12,7 +12,7 @@ from celery.signals import task_postrun
 
 from celery_redlock import LockedTask, signals
 from celery_redlock.errors import ConfigurationError
-from celery_redlock.tasks.run import BUSY_HEADER
+from celery_redlock.tasks.run_endings import BUSY_HEADER
 from celery_redlock.testing import RedisServer
 
 from ..support import landed_everywhere
