@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from celery import states
 from celery.exceptions import Ignore
@@ -57,14 +57,12 @@ from celery.utils import uuid
 from ... import signals
 from ...errors import DebounceUnavailable, RedlockError, Superseded
 from ..app_state import debounce_store_for as store_for
+from ..feature_policies import DebouncePolicy
+from ..policies import TaskPolicy
 from ..run_context import RunContext
 from ..run_endings import requeue_unavailable, requeue_uncounted, resend_with
 
-if TYPE_CHECKING:
-    from ..feature_policies import DebouncePolicy
-    from ..publish import Publication
-
-__all__ = ["DEBOUNCE_HEADER", "admit", "publish"]
+__all__ = ["DEBOUNCE_HEADER", "Publishing", "admit", "publish"]
 
 logger = logging.getLogger("celery_redlock.debounce")
 
@@ -75,7 +73,25 @@ DEBOUNCE_HEADER = "redlock_debounce"
 # -- publishing ------------------------------------------------------------------------
 
 
-def publish(publication: Publication) -> Any:
+class Publishing(Protocol):
+    """What :func:`publish` reads of one publish (:class:`~..publish.Publication`)."""
+
+    task: Any
+    policy: TaskPolicy
+    task_id: str | None
+    options: dict[str, Any]
+    #: A copy sent again by a worker (a retry, a re-queue), not a new publish.
+    resent: bool
+
+    @property
+    def delivered(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call's ``(args, kwargs)`` as the worker will receive them."""
+
+    def send_plain(self) -> Any:
+        """Publish as Celery does, with the current options; no check of our own."""
+
+
+def publish(publication: Publishing) -> Any:
     """Send one debounced publish: record it as its key's latest, then send it delayed.
 
     A re-send of a copy (a retry, a re-queue: Celery sets ``retries``) keeps
