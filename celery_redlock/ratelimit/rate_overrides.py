@@ -20,7 +20,8 @@ same in Python)::
     on a refusal at t, unless t is less than P after the end of the pause
     that the last decrease set (or, without a pause, the decrease itself):
         L = max(FLOOR * C, DECREASE * min(rate in force at t, units admitted in
-                the last window: sliding limits only))
+                the last window: sliding limits only, and only if no pause
+                took part of that window))
     rate in force at u >= t:  min(C, L + INCREASE * C * floor((u - t) / P)),
                               never below the hit's cost
 """
@@ -153,7 +154,8 @@ def lowered(ceiling: Rate, in_force: float, admitted: float | None = None) -> fl
     """The rate in force (units per period) after a refusal, by the adaptive law.
 
     ``admitted``: units the limit's window admitted before the refusal
-    (known for ``sliding`` limits), the fleet's real rate then.
+    (known for ``sliding`` limits), the fleet's real rate then; ``None`` when
+    a pause took part of the window.
     """
     base = in_force if admitted is None or admitted <= 0 else min(in_force, admitted)
     return max(FLOOR * ceiling.limit, DECREASE * base)

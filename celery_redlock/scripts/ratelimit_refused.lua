@@ -30,7 +30,8 @@
 -- as celery_redlock/ratelimit/rate_overrides.py): a refusal at least one period
 -- after the pause of the last decrease ended (calm_us) sets the rate in force to
 -- max(FLOOR * limit, DECREASE * min(rate in force, units the sliding window
--- admitted)); ratelimit_hit.lua adds INCREASE * limit per whole period since.
+-- admitted, counted only if no pause took part of the window));
+-- ratelimit_hit.lua adds INCREASE * limit per whole period since.
 -- A pause is never shortened. The hash always gets a ttl: until the pause
 -- ends or the rate in force is back at the limit, whichever is later.
 local DECREASE = 0.75
@@ -93,9 +94,11 @@ end
 local lowered = 0
 if adapt == '1' and now >= calm then
     local base = in_force
-    if algorithm == 'sliding' then
-        -- What the window admitted: the fleet's real rate when the refusal came.
-        local window = period_us + margin
+    local window = period_us + margin
+    if algorithm == 'sliding' and until_us <= now - window then
+        -- What the window admitted: the fleet's real rate when the refusal came,
+        -- unless a pause took part of the window (nothing was admitted then: a
+        -- pause extended by later refusals can end after calm_us).
         local newest = call('ZRANGE', state, -1, -1)
         local total = tonumber(newest[1])
         if total then

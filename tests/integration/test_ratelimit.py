@@ -1162,6 +1162,24 @@ def test_an_adaptive_refusal_lowers_the_rate_in_force_once_per_period(limiter, c
     assert ttl == pytest.approx(math.ceil((40 - 7.5) / 0.4), abs=0.1)
 
 
+def test_a_decrease_reads_no_window_that_a_pause_took_part_of(limiter):
+    ceiling = Limit("api:acme", "40/2s")
+    began = time.monotonic()
+    assert limiter.refused(ceiling, retry_after=0.001, adapt=True).learned * 2 == 30
+    # a call already under way is refused later, with a longer Retry-After: it
+    # only extends the pause, which now ends 1.5 s in, after the decrease's calm
+    assert not limiter.refused(ceiling, retry_after=1.5, adapt=True).lowered
+    time.sleep(max(0.0, began + 1.6 - time.monotonic()))
+    assert limiter.hit([ceiling]).allowed  # the one run admitted since the pause
+    time.sleep(max(0.0, began + 2.1 - time.monotonic()))
+    in_force = limiter.peek([ceiling]).limit
+    lowered = limiter.refused(ceiling, retry_after=0.001, adapt=True)
+    assert lowered.lowered
+    # the window (2 s) holds the pause: what it admitted (1) is not the fleet's
+    # rate, the rate in force is
+    assert lowered.learned * 2 == pytest.approx(0.75 * in_force)
+
+
 def test_the_adaptive_rate_climbs_a_step_per_period_reported_once(limiter):
     ceiling = Limit("api:acme", "20/0.2s")
     limiter.refused(ceiling, retry_after=0.001, adapt=True)  # nothing admitted: 0.75 * 20

@@ -72,10 +72,12 @@ def simulate(hidden, seconds=44.0, offered=10.0, margin=0.05):
             calls.append((now, True))
             continue
         calls.append((now, False))
+        clean = paused_until <= now - window  # no pause took part of the window
         paused_until = max(paused_until, api[0] + 1.0)
         waiting.appendleft(paused_until)
         if now >= calm:  # one period after the pause of the last decrease
-            new = lowered(CEILING, rate, admitted=len(ours) * CEILING.period / window)
+            admitted = len(ours) * CEILING.period / window if clean else None
+            new = lowered(CEILING, rate, admitted=admitted)
             backoff, lowered_at = Backoff("k", 0.0, new / CEILING.period, 0.0), now
             calm = paused_until + CEILING.period
     return calls
