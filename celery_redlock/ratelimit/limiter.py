@@ -319,14 +319,15 @@ class RateLimiter:
             (pause_us, 1 if adapt else 0, *resolved.script_args(), self._margin_us),
         )
         (reply,) = self._read((call,), resolved.key)
-        paused_us, lowered, in_force = reply
-        learned = float(in_force) / resolved.rate.period if lowered else None
+        paused_us, lowered, in_force, refused_rate = reply
+        period = resolved.rate.period
         return Backoff(
             key=resolved.key,
             paused_for=paused_us / 1e6,
-            learned=learned,
+            learned=float(in_force) / period if lowered else None,
             since=0.0 if lowered else None,
             lowered=lowered == 1,
+            peak=float(refused_rate) / period if lowered else None,
         )
 
     def pause(self, key: str, seconds: float) -> Backoff:
@@ -359,7 +360,7 @@ class RateLimiter:
         name = self._keys.backoff(key)
         fields, pttl, now = self._read(
             (
-                Command(("HMGET", name, "paused_until_us", "learned", "since_us")),
+                Command(("HMGET", name, "paused_until_us", "learned", "since_us", "peak")),
                 Command(("PTTL", name)),
                 Command(("TIME",)),
             ),

@@ -19,11 +19,19 @@ same in Python)::
 
     on a refusal at t, unless t is less than P after the end of the pause
     that the last decrease set (or, without a pause, the decrease itself):
-        L = max(FLOOR * C, DECREASE * min(rate in force at t, units admitted in
-                the last window: sliding limits only, and only if no pause
-                took part of that window))
-    rate in force at u >= t:  min(C, L + INCREASE * C * floor((u - t) / P)),
-                              never below the hit's cost
+        M = min(rate in force at t, units admitted in the last window:
+                sliding limits only, and only if no pause took part of it)
+        low = max(FLOOR * C, DECREASE * M)
+        top = max(low, min(PLATEAU * M, ceil(M) - 1))
+    rate in force n whole periods after t:
+        n < RECOVER:   top - (top - low) * (1 - n / RECOVER) ** 3
+        n >= RECOVER:  top * (1 + PROBE * (n - RECOVER) ** 3)
+    at most C, never below the hit's cost
+
+The shape is TCP CUBIC's: fast back toward the rate the service refused (M),
+settling just under it (top: one unit fewer in a window, or 5 % less), then
+probing beyond it slowly at first and fast once far beyond, so a limit that
+was raised is found again within a few periods.
 """
 
 from __future__ import annotations
@@ -39,9 +47,11 @@ from .rates import Rate, micros, parse_rate
 __all__ = [
     "DECREASE",
     "FLOOR",
-    "INCREASE",
     "MAX_OVERRIDE_TTL",
     "MAX_PAUSE",
+    "PLATEAU",
+    "PROBE",
+    "RECOVER",
     "Backoff",
     "RateOverride",
     "backoff_from_reply",
@@ -54,10 +64,14 @@ __all__ = [
 MAX_OVERRIDE_TTL = 366 * 86400.0
 #: The longest one pause, seconds (a day); a pause always ends.
 MAX_PAUSE = 86400.0
-#: A refusal multiplies the rate in force (or what the window admitted) by this.
+#: A refusal sets the rate in force to this share of the rate the service refused.
 DECREASE = 0.75
-#: Each whole period without a refusal adds this share of the ceiling.
-INCREASE = 0.01
+#: The rate in force settles at most at this share of the rate the service refused.
+PLATEAU = 0.95
+#: Whole periods the rate in force takes to settle there.
+RECOVER = 5
+#: Then each period n beyond RECOVER multiplies it by 1 + PROBE * n ** 3.
+PROBE = 0.05
 #: The rate in force never falls below this share of the ceiling.
 FLOOR = 0.01
 
@@ -129,6 +143,7 @@ class Backoff:
         paused_for: seconds until hits are admitted again (``0.0``: not paused).
         learned: units per second the last decrease set, ``None`` if the
             adaptive law never lowered this key (or it is back at its ceiling).
+        peak: units per second the service refused at that decrease.
         since: seconds since that decrease (``None`` with ``learned``).
         ttl: seconds until the backoff expires.
         lowered: the call that returned it lowered the rate in force.
@@ -140,33 +155,43 @@ class Backoff:
     since: float | None = None
     ttl: float = 0.0
     lowered: bool = False
+    peak: float | None = None
 
     def in_force(self, ceiling: Rate, cost: int = 1) -> float:
         """Units per ``ceiling.period`` in force now, under ``ceiling``."""
         if self.learned is None or self.since is None:
             return ceiling.limit
+        low = self.learned * ceiling.period
+        refused = low / DECREASE if self.peak is None else self.peak * ceiling.period
+        top = max(low, min(PLATEAU * refused, math.ceil(refused) - 1))
         steps = math.floor(max(self.since, 0.0) / ceiling.period)
-        grown = self.learned * ceiling.period + INCREASE * ceiling.limit * steps
+        if steps < RECOVER:
+            grown = top - (top - low) * (1 - steps / RECOVER) ** 3
+        else:
+            grown = top * (1 + PROBE * (steps - RECOVER) ** 3)
         return min(ceiling.limit, max(cost, grown))
 
 
-def lowered(ceiling: Rate, in_force: float, admitted: float | None = None) -> float:
-    """The rate in force (units per period) after a refusal, by the adaptive law.
+def lowered(ceiling: Rate, in_force: float, admitted: float | None = None) -> tuple[float, float]:
+    """The rate the service refused and the rate in force after it (units per period).
 
     ``admitted``: units the limit's window admitted before the refusal
     (known for ``sliding`` limits), the fleet's real rate then; ``None`` when
     a pause took part of the window.
     """
-    base = in_force if admitted is None or admitted <= 0 else min(in_force, admitted)
-    return max(FLOOR * ceiling.limit, DECREASE * base)
+    refused = in_force if admitted is None or admitted <= 0 else min(in_force, admitted)
+    return refused, max(FLOOR * ceiling.limit, DECREASE * refused)
 
 
 def backoff_from_reply(key: str, fields: Any, pttl: Any, now_us: float) -> Backoff | None:
-    """Read ``HMGET paused_until_us learned since_us``, ``PTTL`` and the server's time."""
-    until_text, learned_text, since_text = fields
+    """Read ``HMGET paused_until_us learned since_us peak``, ``PTTL`` and the server's time."""
+    until_text, learned_text, since_text, peak_text = fields
     if not isinstance(pttl, int) or pttl < 0 or (until_text is None and learned_text is None):
         return None
     paused = max(0.0, (float(until_text) - now_us) / 1e6) if until_text is not None else 0.0
     learned = float(learned_text) if learned_text is not None else None
     since = (now_us - float(since_text)) / 1e6 if since_text is not None else None
-    return Backoff(key=key, paused_for=paused, learned=learned, since=since, ttl=pttl / 1000)
+    peak = float(peak_text) if peak_text is not None else None
+    return Backoff(
+        key=key, paused_for=paused, learned=learned, since=since, ttl=pttl / 1000, peak=peak
+    )

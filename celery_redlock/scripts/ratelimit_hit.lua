@@ -16,8 +16,8 @@
 --             ("2.5/s"): a string "B O" as for gcra
 -- KEYS[4i-1]  the limit's override, a hash {limit, period_us, text} that an
 --             operator set at run time (ratelimit_override.lua); only read here
--- KEYS[4i]    the limit's backoff, a hash {paused_until_us, learned, since_us,
---             steps} written by ratelimit_refused.lua: a pause (no hit is
+-- KEYS[4i]    the limit's backoff, a hash {paused_until_us, learned, peak,
+--             since_us, steps} written by ratelimit_refused.lua: a pause (no hit is
 --             admitted before paused_until_us) and the adaptive rate in force
 --             (see ADAPTIVE below). Read here; `steps` is written when the
 --             rate in force rises a step, so that one decision reports it.
@@ -76,15 +76,29 @@ local TRIM_PER_CALL = 16
 local EPSILON_US = 1e-6
 -- Stored counts and times beyond this (2^53) are not exact: no limit writes them.
 local MAX_EXACT = 9007199254740992
--- ADAPTIVE: the rate in force after a refusal lowered it to `learned` units
--- per second at since_us is min(limit, learned * period + INCREASE * limit *
--- (whole periods since since_us)), never below the hit's cost. Same constants
--- as celery_redlock/ratelimit/rate_overrides.py.
-local INCREASE = 0.01
+-- ADAPTIVE: the rate in force after a refusal of `peak` units per second
+-- lowered it to `learned` units per second at since_us is adapted() below
+-- (n: whole periods since since_us), at most the limit, never below the hit's
+-- cost. Same law and constants as ratelimit_refused.lua and
+-- celery_redlock/ratelimit/rate_overrides.py.
+local DECREASE = 0.75
+local PLATEAU = 0.95
+local RECOVER = 5
+local PROBE = 0.05
+-- Periods from the floor (1 % of the limit) back to the limit, at most.
+local RECOVERY_PERIODS = RECOVER + 13
 
 -- Globals read once: a local is cheaper than a global lookup on every use.
 local call, tonumber, ceil, floor, max, min, huge, format =
     redis.call, tonumber, math.ceil, math.floor, math.max, math.min, math.huge, string.format
+
+local function adapted(low, peak, n)
+    local top = math.max(low, math.min(PLATEAU * peak, math.ceil(peak) - 1))
+    if n < RECOVER then
+        return top - (top - low) * (1 - n / RECOVER) ^ 3
+    end
+    return top * (1 + PROBE * (n - RECOVER) ^ 3)
+end
 
 local function finite(x)
     return x ~= nil and x == x and x ~= huge and x ~= -huge
@@ -252,7 +266,7 @@ local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 
 -- 2b. A pause refuses the hit; an adaptive rate lowers the limit in force.
 for _, l in ipairs(limits) do
-    local b = call('HMGET', l.backoff, 'paused_until_us', 'learned', 'since_us', 'steps')
+    local b = call('HMGET', l.backoff, 'paused_until_us', 'learned', 'since_us', 'steps', 'peak')
     local until_us, learned, since = tonumber(b[1]), tonumber(b[2]), tonumber(b[3])
     if until_us and until_us > now then
         l.paused_us = until_us - now
@@ -261,10 +275,11 @@ for _, l in ipairs(limits) do
     if learned and since and learned > 0 then
         local steps = max(0, floor((now - since) / l.period_us))
         local ceiling = l.limit
-        local adapted = min(ceiling, max(cost, learned * l.period_us / 1000000 +
-            INCREASE * ceiling * steps))
-        if adapted < ceiling and not bad_rate(l.algorithm, adapted, l.period_us) then
-            l.limit = adapted
+        local peak = tonumber(b[5]) or learned / DECREASE
+        local in_force = min(ceiling, max(cost, adapted(learned * l.period_us / 1000000,
+            peak * l.period_us / 1000000, steps)))
+        if in_force < ceiling and not bad_rate(l.algorithm, in_force, l.period_us) then
+            l.limit = in_force
             l.flags = l.flags + 2
         end
         if consume == '1' and steps > (tonumber(b[4]) or 0) then
@@ -274,7 +289,7 @@ for _, l in ipairs(limits) do
     end
     if (b[1] or b[2]) and call('PTTL', l.backoff) == -1 then
         -- a backoff without a ttl (PERSIST by hand) would never end
-        call('PEXPIRE', l.backoff, keep_ms(max(l.paused_us or 0, l.period_us / INCREASE)))
+        call('PEXPIRE', l.backoff, keep_ms(max(l.paused_us or 0, l.period_us * RECOVERY_PERIODS)))
     end
 end
 

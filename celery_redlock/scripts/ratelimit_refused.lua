@@ -7,6 +7,7 @@
 -- KEYS[1]  the limit's backoff, a hash:
 --            paused_until_us  no hit is admitted before this time (server clock)
 --            learned          units per second the last decrease set
+--            peak             units per second the service refused then
 --            since_us         when it was set
 --            steps            increases since then already reported
 --            calm_us          refusals before this time lower nothing (one
@@ -22,25 +23,39 @@
 -- ARGV[5]  period_us: the period in microseconds, likewise
 -- ARGV[6]  margin_us: microseconds added to a sliding window
 --
--- Returns {paused_us, lowered, limit}: microseconds the key stays paused
--- from now, 1 if this call lowered the rate in force, and the rate in force
--- after it (units per period, as text).
+-- Returns {paused_us, lowered, limit, peak}: microseconds the key stays paused
+-- from now, 1 if this call lowered the rate in force, the rate in force after
+-- it and the rate the service refused (units per period, as text).
 --
 -- The adaptive law (docs/rate-limiting.md#adaptive-rates; the same constants
 -- as celery_redlock/ratelimit/rate_overrides.py): a refusal at least one period
--- after the pause of the last decrease ended (calm_us) sets the rate in force to
--- max(FLOOR * limit, DECREASE * min(rate in force, units the sliding window
--- admitted, counted only if no pause took part of the window));
--- ratelimit_hit.lua adds INCREASE * limit per whole period since.
+-- after the pause of the last decrease ended (calm_us) takes M = min(rate in
+-- force, units the sliding window admitted, counted only if no pause took part
+-- of the window) as the rate the service refused, and sets the rate in force to
+-- low = max(FLOOR * limit, DECREASE * M); it climbs back n whole periods later
+-- to the rate adapted() gives (ratelimit_hit.lua has the same function).
 -- A pause is never shortened. The hash always gets a ttl: until the pause
 -- ends or the rate in force is back at the limit, whichever is later.
 local DECREASE = 0.75
-local INCREASE = 0.01
+local PLATEAU = 0.95
+local RECOVER = 5
+local PROBE = 0.05
 local FLOOR = 0.01
 local MAX_PAUSE_US = 86400 * 1000000
 
 local call, tonumber, ceil, floor, max, min, format =
     redis.call, tonumber, math.ceil, math.floor, math.max, math.min, string.format
+
+-- The rate in force n whole periods after a decrease from `peak` to `low`
+-- (units per period): back to `top`, just under peak, in RECOVER periods on a
+-- cubic, then beyond it, slowly at first, on a cubic too.
+local function adapted(low, peak, n)
+    local top = max(low, min(PLATEAU * peak, ceil(peak) - 1))
+    if n < RECOVER then
+        return top - (top - low) * (1 - n / RECOVER) ^ 3, top
+    end
+    return top * (1 + PROBE * (n - RECOVER) ^ 3), top
+end
 
 local function fail(message)
     return redis.error_reply('ERR celery_redlock ratelimit refused: ' .. message)
@@ -80,15 +95,16 @@ end
 
 local time = call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local b = call('HMGET', backoff, 'paused_until_us', 'learned', 'since_us', 'calm_us')
+local b = call('HMGET', backoff, 'paused_until_us', 'learned', 'since_us', 'calm_us', 'peak')
 local until_us, learned, since = tonumber(b[1]) or 0, tonumber(b[2]), tonumber(b[3])
 local calm = tonumber(b[4]) or 0
+local peak = tonumber(b[5]) or (learned and learned / DECREASE)
 
 -- The rate in force now, units per period.
 local in_force = limit
 if learned and since then
     local steps = max(0, floor((now - since) / period_us))
-    in_force = min(limit, learned * period_us / 1000000 + INCREASE * limit * steps)
+    in_force = min(limit, (adapted(learned * period_us / 1000000, peak * period_us / 1000000, steps)))
 end
 
 local lowered = 0
@@ -112,8 +128,9 @@ if adapt == '1' and now >= calm then
     end
     in_force = max(FLOOR * limit, DECREASE * base)
     call('HSET', backoff, 'learned', format('%.17g', in_force * 1000000 / period_us),
+        'peak', format('%.17g', base * 1000000 / period_us),
         'since_us', format('%.0f', now), 'steps', 0)
-    learned, since, lowered = in_force * 1000000 / period_us, now, 1
+    learned, peak, since, lowered = in_force * 1000000 / period_us, base * 1000000 / period_us, now, 1
 end
 
 if pause_us == -1 then
@@ -133,10 +150,14 @@ end
 -- Keep the hash until the pause ends and the rate is back at the limit.
 local ends = until_us
 if lowered == 1 then
-    ends = max(ends, since + ceil((limit - learned * period_us / 1000000) / (INCREASE * limit)) * period_us)
+    -- back at the limit once top * (1 + PROBE * (n - RECOVER) ^ 3) >= limit
+    local _, top = adapted(in_force, peak * period_us / 1000000, 0)
+    local beyond = ceil(((max(limit / top, 1) - 1) / PROBE) ^ (1 / 3))
+    ends = max(ends, since + (RECOVER + beyond) * period_us)
 end
 local keep_ms = ceil((ends - now) / 1000) + 1
 if call('EXISTS', backoff) == 1 and call('PTTL', backoff) < keep_ms then
     call('PEXPIRE', backoff, keep_ms)
 end
-return {ceil(max(until_us - now, 0)), lowered, format('%.17g', in_force)}
+local refused = peak and peak * period_us / 1000000 or limit
+return {ceil(max(until_us - now, 0)), lowered, format('%.17g', in_force), format('%.17g', refused)}
