@@ -106,17 +106,19 @@ def test_the_fleet_converges_on_the_hidden_limit_and_follows_it(cluster) -> None
         inside = [ok for at, _, ok in calls if start <= at < end]
         return sum(inside) / (end - start), 1 - sum(inside) / max(len(inside), 1)
 
-    steady = measured(changes[0] + 8.0, changes[1])
+    # Judged from the calls the workers made, not from when the test began: the
+    # warm-up starts at the first call, however late the workers took the first run.
+    first = calls[0][0]
+    steady = measured(max(changes[0], first) + 6.0, changes[1])
     lower = measured(changes[1] + 4.0, changes[2])
     back = measured(changes[2] + 6.0, began + END)
     curve = [round(measured(t, t + 2.0)[0], 1) for t in range(int(began), int(began + END), 2)]
     print(f"8/s: {steady}, 4/s: {lower}, 8/s again: {back}; per 2 s: {curve}")
-    # Measured on a loaded 2-core machine (docs/rate-limiting.md): 85 % of 8/s with 3 %
-    # refused, 81-84 % of 4/s with 10-13 % refused, 79 % of 8/s from 6 s after it came
-    # back; in half the runs the first refusals cut deep and 8/s is reached only after
-    # 12-14 s (65 % from 8 s on). Asserted with a margin for that and for slower runs.
-    assert steady[0] >= 0.5 * 8
-    assert steady[1] <= 0.08
-    assert lower[0] >= 0.65 * 4
-    assert lower[1] <= 0.2
-    assert back[0] >= 0.65 * 8
+    # The targets (docs/rate-limiting.md has the figures measured): 75 % of
+    # the hidden limit with at most 5 % refused at 8/s after the warm-up, 75 % with at
+    # most 10 % at 4/s, and 75 % of 8/s again from 6 s after it came back.
+    assert steady[0] >= 0.75 * 8
+    assert steady[1] <= 0.05
+    assert lower[0] >= 0.75 * 4
+    assert lower[1] <= 0.1
+    assert back[0] >= 0.75 * 8
