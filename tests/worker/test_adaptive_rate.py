@@ -75,14 +75,19 @@ def test_after_a_refusal_no_run_of_the_key_starts_anywhere_until_retry_after(clu
     assert early == [], f"runs started {early} s after the refusal, inside its 2 s pause"
 
 
-#: (seconds from the start, hidden limit per second): 8/s, 4/s from 16 s, 8/s again from 28 s.
-SCHEDULE = ((0.0, 8), (16.0, 4), (28.0, 8))
+#: (seconds from the start, hidden limit per second): 8/s, 4/s from 20 s, 8/s again from 34 s;
+#: phases long enough that one refusal more or less does not decide a share of 5 %.
+SCHEDULE = ((0.0, 8), (20.0, 4), (34.0, 8))
 OFFERED = 10.0
-END = 40.0
+END = 46.0
 
 
 def test_the_fleet_converges_on_the_hidden_limit_and_follows_it(cluster) -> None:
     witness = cluster.witness.client
+    # The API starts with none of its window spent: calls the other test made in
+    # the last second would have it refuse the first call here, with one unit in
+    # the fleet's window, which the law takes as the API's rate (0.75 x 0.95/s).
+    witness.delete("api:log")
     task = cluster.tasks["t.api_adaptive"]
     began = time.monotonic()
     changes = []
@@ -97,7 +102,7 @@ def test_the_fleet_converges_on_the_hidden_limit_and_follows_it(cluster) -> None
             task.apply_async((sent,))
             sent += 1
         time.sleep(0.02)
-    calls = api_calls(cluster)
+    calls = [call for call in api_calls(cluster) if call[0] >= began]
     # nothing ran twice: one successful call per task id at most
     went = [task_id for _, task_id, ok in calls if ok]
     assert len(went) == len(set(went))
@@ -110,13 +115,15 @@ def test_the_fleet_converges_on_the_hidden_limit_and_follows_it(cluster) -> None
     # warm-up starts at the first call, however late the workers took the first run.
     first = calls[0][0]
     steady = measured(max(changes[0], first) + 6.0, changes[1])
-    lower = measured(changes[1] + 4.0, changes[2])
+    lower = measured(changes[1] + 6.0, changes[2])
     back = measured(changes[2] + 6.0, began + END)
     curve = [round(measured(t, t + 2.0)[0], 1) for t in range(int(began), int(began + END), 2)]
-    print(f"8/s: {steady}, 4/s: {lower}, 8/s again: {back}; per 2 s: {curve}")
+    refused = [round(at - began, 2) for at, _, ok in calls if not ok]
+    print(f"8/s: {steady}, 4/s: {lower}, 8/s again: {back}; per 2 s: {curve}; refused {refused}")
     # The targets (docs/rate-limiting.md has the figures measured): 75 % of
     # the hidden limit with at most 5 % refused at 8/s after the warm-up, 75 % with at
-    # most 10 % at 4/s, and 75 % of 8/s again from 6 s after it came back.
+    # most 10 % at 4/s once it has followed (6 s), and 75 % of 8/s again from 6 s
+    # after it came back.
     assert steady[0] >= 0.75 * 8
     assert steady[1] <= 0.05
     assert lower[0] >= 0.75 * 4
