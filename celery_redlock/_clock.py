@@ -9,6 +9,7 @@ event loop (or the GIL) for long.
 
 from __future__ import annotations
 
+import math
 import time as _time
 
 #: Long loops over locks (a renewal round of thousands) call :func:`pause`
@@ -33,6 +34,11 @@ def validity(ttl: float, started: float, now: float, drift_factor: float = 0.01)
     too long to be trusted: the lock must be treated as not acquired.
     """
     return ttl - (now - started) - drift(ttl, drift_factor)
+
+
+def to_ms(seconds: float) -> int:
+    """Whole milliseconds for Redis, at least 1, rounded up: a ttl never shrinks on the way."""
+    return max(1, math.ceil(round(seconds * 1000, 3)))
 
 
 def pause() -> None:

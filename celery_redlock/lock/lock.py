@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import _clock
+from .._clock import to_ms
 from .._layout import LockValue
 from .._scripts import load
 from .._validators import MAX_TTL, seconds, text
@@ -65,11 +66,6 @@ def check_ttl(redlock: Redlock, ttl: object, option: str = "ttl") -> float:
             option=option,
         )
     return value
-
-
-def ms(seconds: float) -> int:
-    """Whole milliseconds for the Lua scripts (at least 1)."""
-    return max(1, int(seconds * 1000))
 
 
 @dataclass
@@ -251,7 +247,13 @@ class Lock(Lease):
         call = Call(
             _ACQUIRE,
             (self.key, self._fence_key),
-            (value, ms(self.ttl), ms(redlock.fence_ttl), self.replaces, f"{proposal} {ahead}"),
+            (
+                value,
+                to_ms(self.ttl),
+                to_ms(redlock.fence_ttl),
+                self.replaces,
+                f"{proposal} {ahead}",
+            ),
         )
         started = _clock.monotonic()
         decided = acquire_decided(redlock.quorum, len(nodes))
@@ -334,7 +336,7 @@ class Lock(Lease):
         attempt counts as one without a quorum.
         """
         redlock = self.redlock
-        call = Call(_FENCE_RAISE, (self._fence_key,), (str(token), ms(redlock.fence_ttl)))
+        call = Call(_FENCE_RAISE, (self._fence_key,), (str(token), to_ms(redlock.fence_ttl)))
         results = fan_out(
             redlock.nodes,
             [[call]] * len(redlock.nodes),
@@ -388,7 +390,7 @@ class Lock(Lease):
                     "often than the ttl, or use a longer ttl",
                     key=self.name,
                 )
-            call = Call(_EXTEND, (self.key,), (value, ms(new_ttl), "0" if adopted else "1"))
+            call = Call(_EXTEND, (self.key,), (value, to_ms(new_ttl), "0" if adopted else "1"))
             started = _clock.monotonic()
             results = fan_out(
                 redlock.nodes,

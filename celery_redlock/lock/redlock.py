@@ -45,7 +45,7 @@ from .._validators import (
 from ..errors import ConfigurationError
 from ..transport.nodes import Call, Command, Node, NodeFailure, fan_out, make_nodes
 from .fencing import FenceClock
-from .lock import Lock, ms
+from .lock import Lock
 from .quorum import BUSY, LOST, RENEWED, UNREACHABLE, Tally, failed, reply
 from .semaphore import Semaphore
 from .semaphore_slots import RELEASE as _SEM_RELEASE
@@ -263,7 +263,7 @@ class Redlock:
                 else:
                     place = "0" if lock._adopted else "1"
                     kind = isinstance(lock, Semaphore)
-                    groups.setdefault((kind, ms(lock.ttl), place), []).append(position)
+                    groups.setdefault((kind, _clock.to_ms(lock.ttl), place), []).append(position)
             kinds = {kind for kind, _, _ in groups}
             calls: list[Call | Command] = [
                 _load(script)

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import _clock
+from .._clock import to_ms
 from .._layout import LockValue, SemaphoreKeys
 from .._scripts import load
 from ..errors import ConfigurationError
 from ..transport.nodes import Call, NodeResult, fan_out
-from .lock import ms
 from .quorum import Decided, Tally, failed, majority_held, reply
 
 if TYPE_CHECKING:
@@ -107,12 +107,12 @@ class Slots:
         self.keys = keys
         self.limit = limit
         self.ttl = ttl
-        self.wait_ms = ms(max(_MIN_WAIT, _WAIT_DELAYS * redlock.retry_delay))
+        self.wait_ms = to_ms(max(_MIN_WAIT, _WAIT_DELAYS * redlock.retry_delay))
 
     def acquire_call(self, value: str, want: int, waiter: str, ticket: int | None) -> Call:
         """``semaphore_acquire.lua``: ``want`` -1 for the lowest free slot."""
         ticket_text = "" if ticket is None else str(ticket)
-        args = (value, ms(self.ttl), self.limit, want, waiter, ticket_text, self.wait_ms)
+        args = (value, to_ms(self.ttl), self.limit, want, waiter, ticket_text, self.wait_ms)
         return Call(ACQUIRE, self.keys.all, args)
 
     def release_call(
@@ -250,7 +250,7 @@ class Slots:
         """Reset a held slot's ttl where held, place it where free; count the answers."""
         redlock = self.redlock
         keys = (self.keys.holders, self.keys.expiry)
-        call = Call(RENEW, keys, (ms(ttl), "1", slot, value))
+        call = Call(RENEW, keys, (to_ms(ttl), "1", slot, value))
         results = fan_out(
             redlock.nodes,
             [[call]] * len(redlock.nodes),

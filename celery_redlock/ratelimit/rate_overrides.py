@@ -40,6 +40,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .._clock import to_ms
 from .._validators import seconds
 from ..errors import ConfigurationError
 from .rates import Rate, micros, parse_rate
@@ -120,7 +121,7 @@ def check_override(rate: Any, ttl: Any) -> tuple[Rate, str, int]:
             "keep it longer)",
         ) from None
     text = rate if isinstance(rate, str) else str(parsed)
-    return parsed, text.strip()[:256], math.ceil(ttl * 1000)
+    return parsed, text.strip()[:256], to_ms(ttl)
 
 
 def override_from_reply(key: str, fields: Any, pttl: Any) -> RateOverride | None:

@@ -56,3 +56,10 @@ def test_lock_validity_uses_the_monotonic_seam(monkeypatch):
     now[0] = 110.0
     assert lock.validity == 0.0
     assert not lock.locked()
+
+
+def test_seconds_become_milliseconds_rounded_up_never_below_one():
+    assert _clock.to_ms(30.0) == 30000
+    assert _clock.to_ms(0.0305) == 31  # a ttl never shrinks on its way to Redis
+    assert _clock.to_ms(1.1) == 1100  # float noise (1100.0000000000002) adds nothing
+    assert _clock.to_ms(0.0001) == 1

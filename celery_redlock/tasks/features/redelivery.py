@@ -63,6 +63,7 @@ from celery import states
 from celery.exceptions import Ignore
 
 from ... import signals
+from ..._clock import to_ms
 from ..._layout import done_key, ended_key
 from ...errors import DuplicateTask
 from ...lock.quorum import failed, reply
@@ -151,7 +152,7 @@ def ended_by_worker(redlock: Redlock, task_id: str, where: str) -> bool:
 
 
 def _mark(redlock: Redlock, key: str, ttl: float) -> None:
-    command = Command(("SET", key, "1", "PX", max(1, round(ttl * 1000))))
+    command = Command(("SET", key, "1", "PX", to_ms(ttl)))
     nodes = redlock.nodes
     results = fan_out(nodes, [[command]] * len(nodes), redlock.node_timeout)
     missed = sum(failed(reply(result)) for result in results)

@@ -23,6 +23,7 @@ import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..._clock import to_ms
 from ..._layout import PREVIEW_CHARS, ArgsPreview
 from ...lock.redlock import Redlock
 from ...transport.nodes import Command, fan_out
@@ -75,7 +76,7 @@ def _unwrapped(text: str, *brackets: str) -> str:
 def store(redlock: Redlock, name: str, task_id: str, text: str, ttl: float) -> None:
     """Store the call text of singleton ``name`` held for ``task_id``, for ``ttl`` seconds."""
     value = str(ArgsPreview(task_id, text))
-    command = Command(("SET", redlock.keys(name).args, value, "PX", max(1, round(ttl * 1000))))
+    command = Command(("SET", redlock.keys(name).args, value, "PX", to_ms(ttl)))
     nodes = redlock.nodes
     failed = [
         result
