@@ -24,6 +24,7 @@ __all__ = [
     "MAX_TTL",
     "MIN_FENCE_TTL",
     "MIN_NODE_TIMEOUT",
+    "check_ttl",
     "fraction",
     "positive_int",
     "seconds",
@@ -65,6 +66,23 @@ def seconds(
     if maximum is not None and value > maximum:
         raise ConfigurationError(option, f"must be at most {maximum:.12g} seconds, got {value!r}")
     return float(value)
+
+
+def check_ttl(
+    ttl: float,
+    node_timeout: float,
+    option: str,
+    *,
+    timeout_option: str = "node_timeout",
+    task: str | None = None,
+) -> float:
+    """``ttl`` (seconds) if above twice ``node_timeout``: no shorter lock could be trusted."""
+    if ttl <= 2 * node_timeout:
+        problem = f"{ttl:g} s is too short for {timeout_option} ({node_timeout:g} s)"
+        raise ConfigurationError(
+            option, f"{problem}; use more than {2 * node_timeout:g} s", task=task
+        )
+    return ttl
 
 
 def positive_int(value: Any, option: str) -> int:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from redis.exceptions import RedisError
 
 from .. import _clock
+from .._validators import check_ttl
 from ..errors import ConfigurationError, RateLimiterUnavailable
 from ..tasks.policies import TaskPolicy
 from ..tasks.settings import DEFAULT_NODE, Settings, in_user_terms, node_fallback, unknown_settings
@@ -163,14 +164,10 @@ def conf_findings(conf: Any) -> list[Finding]:
 def settings_findings(settings: Settings) -> list[Finding]:
     """The default ttl against the node timeout."""
     ttl, timeout = settings.default_ttl, settings.node_timeout
-    if ttl <= 2 * timeout:
-        return [
-            Finding(
-                "error",
-                f"redlock_default_ttl ({ttl:g} s) must be more than twice "
-                f"redlock_node_timeout ({timeout:g} s): no lock could be taken",
-            )
-        ]
+    try:
+        check_ttl(ttl, timeout, "redlock_default_ttl", timeout_option="redlock_node_timeout")
+    except ConfigurationError as exc:
+        return [Finding("error", f"{exc}; no lock could be taken")]
     if timeout > ttl / 10:
         return [
             Finding(
@@ -212,7 +209,7 @@ def task_findings(app: Any, settings: Settings) -> list[Finding]:
     if setup_error is not None:
         problems.insert(0, said(setup_error))
     # A default ttl too short for the node timeout is reported once, by settings_findings.
-    default_ttl_bad = settings.default_ttl <= 2 * settings.node_timeout
+    default_ttl_bad = any(finding.level == "error" for finding in settings_findings(settings))
 
     def resolve(policy: TaskPolicy) -> None:
         try:

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 
 from .. import _clock
+from .._validators import MAX_TTL, check_ttl, seconds
 from ..errors import LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
 from ..transport.failure_text import detail
 from .release_wakeup import ReleaseListener, sleep
@@ -110,6 +111,10 @@ class Lease:
     def expired_reason(self) -> str:
         """Why a held acquisition's validity ran out: what the last unconfirmed renewal heard."""
         return expiry_reason(self._unconfirmed)
+
+    def _checked_ttl(self, ttl: object) -> float:
+        """``ttl`` as seconds this lock or slot may live: above 2 node timeouts, at most a year."""
+        return check_ttl(seconds(ttl, "ttl", maximum=MAX_TTL), self.redlock.node_timeout, "ttl")
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Take it; return whether it was taken (see the subclass)."""

@@ -34,7 +34,7 @@ from .. import _clock
 from .._clock import to_ms
 from .._layout import LockValue
 from .._scripts import load
-from .._validators import MAX_TTL, seconds, text
+from .._validators import seconds, text
 from ..errors import ConfigurationError, LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
 from ..transport.nodes import Call, fan_out
 from .fencing import ahead_us, token_for
@@ -54,18 +54,6 @@ _ACQUIRE = load("acquire")
 _RELEASE = load("release")
 _EXTEND = load("extend")
 _FENCE_RAISE = load("fence_raise")
-
-
-def check_ttl(redlock: Redlock, ttl: object, option: str = "ttl") -> float:
-    """``ttl`` as seconds a lock of ``redlock`` may live: above 2 node timeouts, at most a year."""
-    value = seconds(ttl, option, maximum=MAX_TTL)
-    if value <= 2 * redlock.node_timeout:
-        raise ConfigurationError(
-            f"{option}: {ttl!r} s is too short for a node_timeout of "
-            f"{redlock.node_timeout} s; use a ttl above {2 * redlock.node_timeout} s",
-            option=option,
-        )
-    return value
 
 
 @dataclass
@@ -108,14 +96,14 @@ class Lock(Lease):
         token: str | None = None,
         auto_renew: bool = False,
     ) -> None:
+        self.redlock = redlock
         self.name = text(name, "name", empty=False)
-        self.ttl = check_ttl(redlock, ttl)
+        self.ttl = self._checked_ttl(ttl)
         self.timeout = None if timeout is None else seconds(timeout, "timeout", allow_zero=True)
         if not isinstance(auto_renew, bool):
             raise ConfigurationError(
                 f"auto_renew: expected True or False, got {auto_renew!r}", option="auto_renew"
             )
-        self.redlock = redlock
         #: Free text stored beside the token (``task_id|where`` for a task's lock).
         self.owner = None if owner is None else text(owner, "owner")
         #: Take the lock over from a holder whose value ends with this text.
@@ -373,7 +361,7 @@ class Lock(Lease):
                 kept, with the validity it had; try again.
             ConfigurationError: a ttl a lock could not be acquired with.
         """
-        new_ttl = self.ttl if ttl is None else check_ttl(self.redlock, ttl)
+        new_ttl = self.ttl if ttl is None else self._checked_ttl(ttl)
         redlock = self.redlock
         with self._mutex:
             value = self._value

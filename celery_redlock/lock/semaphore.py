@@ -41,7 +41,6 @@ from .._layout import semaphore_keys
 from .._validators import seconds, text
 from ..errors import ConfigurationError, LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
 from .lease import Lease
-from .lock import check_ttl
 from .renewal import heartbeat
 from .semaphore_slots import MAX_LIMIT, Attempt, Slots, check_limit
 
@@ -83,9 +82,10 @@ class Semaphore(Lease):
         blocking: bool = True,
         auto_renew: bool = False,
     ) -> None:
+        self.redlock = redlock
         self.name = text(name, "name", empty=False)
         self.limit = check_limit(limit)
-        self.ttl = check_ttl(redlock, ttl)
+        self.ttl = self._checked_ttl(ttl)
         self.timeout = None if timeout is None else seconds(timeout, "timeout", allow_zero=True)
         for option, flag in (("blocking", blocking), ("auto_renew", auto_renew)):
             if not isinstance(flag, bool):
@@ -98,7 +98,6 @@ class Semaphore(Lease):
                 f"and cannot wait {self.timeout} s; pass blocking=True, or no timeout",
                 option="timeout",
             )
-        self.redlock = redlock
         #: Free text stored beside the token (``task_id|where`` for a task's slot).
         self.owner = None if owner is None else text(owner, "owner")
         #: Whether ``acquire()`` and ``with`` wait for a slot by default.
@@ -237,7 +236,7 @@ class Semaphore(Lease):
                 it; it has been given up everywhere.
             QuorumUnavailable: too few nodes answered to tell; the slot is kept.
         """
-        new_ttl = self.ttl if ttl is None else check_ttl(self.redlock, ttl)
+        new_ttl = self.ttl if ttl is None else self._checked_ttl(ttl)
         redlock = self.redlock
         with self._mutex:
             value, slot = self._value, self._slot

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._validators import check_ttl
 from ..errors import ConfigurationError
 from . import options as task_options
 from .misspelling import closest
@@ -123,14 +124,8 @@ def check(
                 label(name), f"{_MISSING[_NEEDS[name]]}, so it would do nothing", task=task_name
             )
         if settings is not None and name in ("lock_ttl", "singleton_ttl"):
-            shortest = 2 * settings.node_timeout
-            if checked[name] <= shortest:
-                raise ConfigurationError(
-                    label(name),
-                    f"{checked[name]:g} s is too short for redlock_node_timeout "
-                    f"({settings.node_timeout:g} s); use more than {shortest:g} s",
-                    task=task_name,
-                )
+            timeout, setting = settings.node_timeout, "redlock_node_timeout"
+            check_ttl(checked[name], timeout, label(name), timeout_option=setting, task=task_name)
     return checked
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._validators import MAX_TTL
+from .._validators import MAX_TTL, check_ttl
 from ..errors import ConfigurationError
 from . import options as task_options
 from .feature_policies import (
@@ -203,15 +203,9 @@ class TaskPolicy:
         if resolved.singleton is not None:
             lifetimes.append((source["singleton_ttl"], resolved.singleton.ttl))
             lifetimes.append(("singleton_beat_window", resolved.singleton.beat_window))
-        shortest = 2 * settings.node_timeout
+        timeout, setting = settings.node_timeout, "redlock_node_timeout"
         for option, seconds in lifetimes:
-            if seconds <= shortest:
-                raise ConfigurationError(
-                    option,
-                    f"{seconds:g} s is too short for redlock_node_timeout "
-                    f"({settings.node_timeout:g} s); use more than {shortest:g} s",
-                    task=self.task_name,
-                )
+            check_ttl(seconds, timeout, option, timeout_option=setting, task=self.task_name)
         return resolved
 
     def with_values(self, values: Mapping[str, Any]) -> TaskPolicy:

@@ -56,8 +56,8 @@ class TestSettingsRules:
         (finding,) = settings_findings(Settings(nodes=SETTINGS.nodes, default_ttl=0.08))
         assert finding == Finding(
             "error",
-            "redlock_default_ttl (0.08 s) must be more than twice redlock_node_timeout "
-            "(0.05 s): no lock could be taken",
+            "redlock_default_ttl: 0.08 s is too short for redlock_node_timeout (0.05 s); "
+            "use more than 0.1 s; no lock could be taken",
         )
 
     def test_a_node_timeout_over_a_tenth_of_the_ttl_is_a_warning(self) -> None:
