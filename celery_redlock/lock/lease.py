@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, Self, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 from .. import _clock
+from .._layout import LockKeys
 from .._validators import MAX_TTL, check_ttl, seconds
 from ..errors import LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
 from ..transport.failure_text import detail
+from ..transport.nodes import Node
+from .fencing import FenceClock
 from .release_wakeup import ReleaseListener, sleep
 
-if TYPE_CHECKING:
-    from .redlock import Redlock
-
-__all__ = ["Lease", "expiry_reason"]
+__all__ = ["Lease", "LockNodes", "expiry_reason"]
 
 #: Quick retries right after a release notification, in seconds: the other
 #: nodes' releases may still be a moment behind the one that woke us.
@@ -33,6 +33,28 @@ _AFTER_WAKE_DELAYS = (0.0005, 0.001, 0.002, 0.004)
 #: in a row without a majority answering. One miss can be a node stalled for
 #: a moment next to one that is down; a few in a row are an outage.
 QUORUM_ATTEMPTS = 3
+
+
+class LockNodes(Protocol):
+    """What a lock or a semaphore reads of its :class:`~celery_redlock.Redlock`."""
+
+    nodes: list[Node]
+    quorum: int
+    node_timeout: float
+    drift_factor: float
+    retry_delay: float
+    fence_ttl: float
+    key_prefix: str
+    #: The nodes' clocks as this process knows them, to propose fencing tokens.
+    fence_clock: FenceClock
+
+    def keys(self, name: str) -> LockKeys:
+        """The Redis keys of the lock called ``name``."""
+        ...
+
+    def renew(self, locks: Sequence[Any]) -> list[str]:
+        """Renew held locks and slots of these nodes: one round trip per node."""
+        ...
 
 
 class Outcome(Protocol):
@@ -86,7 +108,7 @@ class Lease:
     #: ``"lock"`` or ``"semaphore"``: how errors name the kind.
     kind: str
     name: str
-    redlock: Redlock
+    redlock: LockNodes
     timeout: float | None
     #: Why the last acquisition ended without this object releasing it
     #: (expired, taken over on some nodes, nodes unreachable); ``None`` otherwise.

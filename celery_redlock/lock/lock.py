@@ -38,12 +38,11 @@ from .._validators import seconds, text
 from ..errors import ConfigurationError, LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
 from ..transport.nodes import Call, fan_out
 from .fencing import ahead_us, token_for
-from .lease import Lease
+from .lease import Lease, LockNodes
 from .quorum import Tally, acquire_decided, failed, majority_at_least, majority_held, reply
 from .renewal import heartbeat
 
 if TYPE_CHECKING:
-    from .redlock import Redlock
     from .renewal import HeldLock
 
 __all__ = ["Lock"]
@@ -86,7 +85,7 @@ class Lock(Lease):
 
     def __init__(
         self,
-        redlock: Redlock,
+        redlock: LockNodes,
         name: str,
         ttl: float,
         timeout: float | None = None,
@@ -231,7 +230,7 @@ class Lock(Lease):
         value = LockValue.compose(secrets.token_hex(16), self.owner)
         lead = int(redlock.node_timeout * 1e6)
         ahead = ahead_us(lead)
-        proposal = redlock._fence_clock.propose(lead)
+        proposal = redlock.fence_clock.propose(lead)
         call = Call(
             _ACQUIRE,
             (self.key, self._fence_key),
@@ -273,7 +272,7 @@ class Lock(Lease):
                 # 0 means "expires within the millisecond": retry at once.
                 pttls.append(max(answer[3], 1))
         if latest_time:
-            redlock._fence_clock.observe(latest_time, received)
+            redlock.fence_clock.observe(latest_time, received)
         outcome.granted = len(granted)
 
         if len(granted) >= redlock.quorum:
@@ -292,7 +291,7 @@ class Lock(Lease):
                     self._fencing_token = token
                     self.lost_reason = None
                     self._unconfirmed = None
-                redlock._fence_clock.issued(token)
+                redlock.fence_clock.issued(token)
                 outcome.acquired = True
                 if self.auto_renew:
                     beat = heartbeat()

@@ -128,7 +128,7 @@ class Redlock:
         self.drift_factor = fraction(drift_factor, "drift_factor", below=0.5)
         self.nodes: list[Node] = make_nodes(nodes, self.node_timeout)  # type: ignore[arg-type]
         self.quorum = len(self.nodes) // 2 + 1
-        self._fence_clock = FenceClock()
+        self.fence_clock = FenceClock()
 
     def __repr__(self) -> str:
         names = ", ".join(node.name for node in self.nodes)

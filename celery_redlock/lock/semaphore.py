@@ -40,12 +40,11 @@ from .. import _clock
 from .._layout import semaphore_keys
 from .._validators import seconds, text
 from ..errors import ConfigurationError, LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
-from .lease import Lease
+from .lease import Lease, LockNodes
 from .renewal import heartbeat
 from .semaphore_slots import MAX_LIMIT, Attempt, Slots, check_limit
 
 if TYPE_CHECKING:
-    from .redlock import Redlock
     from .renewal import HeldLock
 
 __all__ = ["MAX_LIMIT", "Semaphore", "check_limit"]
@@ -72,7 +71,7 @@ class Semaphore(Lease):
 
     def __init__(
         self,
-        redlock: Redlock,
+        redlock: LockNodes,
         name: str,
         limit: int,
         ttl: float,

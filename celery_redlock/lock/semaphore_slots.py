@@ -17,7 +17,6 @@ import logging
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .. import _clock
 from .._clock import to_ms
@@ -25,10 +24,8 @@ from .._layout import LockValue, SemaphoreKeys
 from .._scripts import load
 from ..errors import ConfigurationError
 from ..transport.nodes import Call, NodeResult, fan_out
+from .lease import LockNodes
 from .quorum import Decided, Tally, failed, majority_held, reply
-
-if TYPE_CHECKING:
-    from .redlock import Redlock
 
 __all__ = [
     "ACQUIRE",
@@ -100,7 +97,7 @@ class Slots:
     """The calls one semaphore makes to its Redlock's nodes."""
 
     def __init__(
-        self, redlock: Redlock, name: str, keys: SemaphoreKeys, limit: int, ttl: float
+        self, redlock: LockNodes, name: str, keys: SemaphoreKeys, limit: int, ttl: float
     ) -> None:
         self.redlock = redlock
         self.name = name

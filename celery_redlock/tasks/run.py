@@ -325,7 +325,7 @@ class TaskRun:
         heartbeat().drop(held)
         lock = held.lock
         if requeued and held.singleton_ttl and held.task_id and lock.locked():
-            handback = lock.redlock.lock(
+            handback = self.redlock.lock(
                 lock.name,
                 ttl=held.singleton_ttl,
                 owner=LockValue.owner_text(held.task_id, QUEUED),

@@ -245,7 +245,7 @@ def requeue_behind_twin(ctx: RunContext, key: str, lock: Lock) -> NoReturn:
             timeout=0.0,
         )
     left = max(
-        (entry[1] for entry in lock.redlock.inspect(key) if isinstance(entry, tuple)),
+        (entry[1] for entry in ctx.redlock.inspect(key) if isinstance(entry, tuple)),
         default=1.0,
     )
     countdown = held_at_most(task.app, left + jittered(1.0))
