@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Protocol, Self, TypeVar
+from typing import Protocol, Self, TypeVar
 
 from .. import _clock
 from .._layout import LockKeys
@@ -21,7 +22,9 @@ from ..errors import LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
 from ..transport.failure_text import detail
 from ..transport.nodes import Node
 from .fencing import FenceClock
+from .quorum import BUSY, LOST, RENEWED, UNREACHABLE, Tally
 from .release_wakeup import ReleaseListener, sleep
+from .renewal import Renewable
 
 __all__ = ["Lease", "LockNodes", "expiry_reason"]
 
@@ -52,7 +55,7 @@ class LockNodes(Protocol):
         """The Redis keys of the lock called ``name``."""
         ...
 
-    def renew(self, locks: Sequence[Any]) -> list[str]:
+    def renew(self, leases: Sequence[Renewable]) -> list[str]:
         """Renew held locks and slots of these nodes: one round trip per node."""
         ...
 
@@ -115,6 +118,10 @@ class Lease:
     lost_reason: str | None
     _value: str | None
     _valid_until: float
+    _mutex: threading.RLock
+    # Built from a token acquired elsewhere (a lock's ``token=``): its
+    # validity is unknown until an extend() confirms it.
+    _adopted = False
     # What the nodes answered to the last renewal that found no majority,
     # while the hold was still valid: why it was lost if it runs out.
     _unconfirmed: str | None
@@ -133,6 +140,52 @@ class Lease:
     def expired_reason(self) -> str:
         """Why a held acquisition's validity ran out: what the last unconfirmed renewal heard."""
         return expiry_reason(self._unconfirmed)
+
+    # -- renewal (see :mod:`.renewal_batch`) ---------------------------------------
+
+    @property
+    def renew_place(self) -> str:
+        """``"1"``: a renewal puts the key back where it is missing; ``"0"`` while adopted."""
+        return "0" if self._adopted else "1"
+
+    def start_renewal(self, now: float) -> str | None:
+        """Hold it for a renewal: ``None``, or the outcome when there is nothing to renew.
+
+        ``BUSY``: another thread is extending or releasing it; otherwise the
+        mutex is held until :meth:`end_renewal`.
+        """
+        if not self._mutex.acquire(blocking=False):
+            return BUSY
+        if self._value is None:
+            return LOST
+        if not self._adopted and self._valid_until <= now:
+            self.lost_reason = self.expired_reason()
+            return LOST
+        return None
+
+    def end_renewal(self) -> None:
+        """Let other threads extend or release it again."""
+        self._mutex.release()
+
+    def apply_renewal(self, tally: Tally, remaining: float, valid_until: float, now: float) -> str:
+        """Take the nodes' answers to a renewal made at ``now``; return its outcome.
+
+        As :meth:`Lock.extend` decides, except that a hold still valid is
+        kept when too few nodes answered (``UNREACHABLE``: renewed again soon).
+        """
+        if tally.confirmed and remaining > 0:
+            self._valid_until, self._adopted, self._unconfirmed = valid_until, False, None
+            return RENEWED
+        if tally.lost:
+            self.lost_reason = tally.describe()
+            return LOST
+        if self._adopted or self._valid_until > now:
+            self._unconfirmed = tally.describe()
+            return UNREACHABLE
+        self.lost_reason = (
+            f"its validity ran out before a majority confirmed it; {tally.describe()}"
+        )
+        return LOST
 
     def _checked_ttl(self, ttl: object) -> float:
         """``ttl`` as seconds this lock or slot may live: above 2 node timeouts, at most a year."""

@@ -50,6 +50,7 @@ __all__ = ["Lock"]
 logger = logging.getLogger("celery_redlock.lock")
 
 _ACQUIRE = load("acquire")
+_RENEW = load("renew")
 _RELEASE = load("release")
 _EXTEND = load("extend")
 _FENCE_RAISE = load("fence_raise")
@@ -118,8 +119,6 @@ class Lock(Lease):
         self._value: str | None = None
         self._valid_until = 0.0
         self._fencing_token: int | None = None
-        # Built from a token acquired elsewhere: its validity is unknown until
-        # an extend() confirms it.
         self._adopted = False
         self._held: HeldLock | None = None
         #: Why the last acquisition ended without this object releasing it
@@ -140,6 +139,7 @@ class Lock(Lease):
             self._adopted = True
 
     kind = "lock"
+    renew_script = _RENEW
 
     def __repr__(self) -> str:
         if self._adopted:
@@ -486,14 +486,28 @@ class Lock(Lease):
         if held is not None:
             heartbeat().drop(held)
 
+    def renew_part(self) -> tuple[tuple[str, ...], tuple[str | int, ...]]:
+        """Its key and value in a batch's ``renew.lua`` call."""
+        return (self.key,), (self._value or "",)
+
+    def give_up_call(self) -> Call:
+        """Forget the acquisition; return the call that deletes it wherever it is still ours."""
+        value = self._value
+        assert value is not None
+        self._forget()
+        return self._release_call(value, notify=True)
+
+    def _release_call(self, value: str, *, notify: bool) -> Call:
+        channel = self._channel if notify else ""
+        return Call(_RELEASE, (self.key, self._args_key), (value, channel), late_ok=True)
+
     def _release_value(self, value: str, *, notify: bool, on: set[int] | None = None) -> Tally:
         """Delete ``value`` where it is still the key's value; ``on``: only those nodes."""
         redlock = self.redlock
         nodes = redlock.nodes
         if on is not None and not on:
             return Tally(nodes=0, quorum=redlock.quorum)
-        keys = (self.key, self._args_key)
-        call = Call(_RELEASE, keys, (value, self._channel if notify else ""), late_ok=True)
+        call = self._release_call(value, notify=notify)
         calls = [[call] if on is None or index in on else [] for index in range(len(nodes))]
         results = fan_out(nodes, calls, redlock.node_timeout, enough=majority_held(redlock.quorum))
         tally = Tally.of(nodes, results, redlock.quorum, asked=sum(map(len, calls)))

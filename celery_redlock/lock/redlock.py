@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import redis
 from redis.exceptions import ResponseError
 
-from .. import _clock
 from .._layout import KEY_PREFIX, LockKeys, LockValue, lock_keys, semaphore_keys
-from .._scripts import LuaScript, load
+from .._scripts import load
 from .._validators import (
     MAX_NODE_TIMEOUT,
     MAX_TTL,
@@ -44,36 +42,23 @@ from .._validators import (
 )
 from ..errors import ConfigurationError
 from ..transport.nodes import Call, Command, Node, NodeFailure, fan_out, make_nodes
+from . import renewal_batch
 from .fencing import FenceClock
 from .lock import Lock
-from .quorum import BUSY, LOST, RENEWED, UNREACHABLE, Tally, failed, reply
+from .quorum import BUSY, LOST, RENEWED, UNREACHABLE, failed, reply
+from .renewal import Renewable
 from .semaphore import Semaphore
-from .semaphore_slots import RELEASE as _SEM_RELEASE
 from .semaphore_slots import RELEASE_OWNER as _SEM_RELEASE_OWNER
-from .semaphore_slots import RENEW as _SEM_RENEW
-from .semaphore_slots import renew_call
 
 __all__ = ["BUSY", "LOST", "RENEWED", "UNREACHABLE", "Lock", "Redlock", "Semaphore"]
 
 logger = logging.getLogger("celery_redlock.lock")
 
-_RENEW = load("renew")
-_RELEASE = load("release")
 _RELEASE_OWNER = load("release_owner")
 _INSPECT = load("inspect")
 
 #: Longest retry_delay, seconds.
 _MAX_RETRY_DELAY = 3600.0
-#: Locks per renew.lua call: each call stays well under a millisecond on a node.
-_RENEW_CHUNK = 200
-#: Seconds a node gets to renew each lock of a batch, beyond the node timeout
-#: (a node renews about a lock per 2 µs; ten times that leaves room for load).
-_RENEW_ALLOWANCE = 20e-6
-
-
-def _load(script: LuaScript) -> Command:
-    """``SCRIPT LOAD``: put at the head of a pipeline of that script's calls."""
-    return Command(("SCRIPT", "LOAD", script.source.decode()), loads=script.sha)
 
 
 class Redlock:
@@ -226,174 +211,9 @@ class Redlock:
             auto_renew=auto_renew,
         )
 
-    def renew(self, locks: Sequence[Lock | Semaphore]) -> list[str]:
-        """Extend many held locks at once: one pipelined round trip per node.
-
-        Each lock is renewed to its own ttl, with the rules of
-        :meth:`Lock.extend` (a node that answers and lacks a valid lock's key
-        gets it back), except that a lock is not given up while its validity
-        lasts merely because too few nodes *answered*. Returns, per lock,
-        ``RENEWED``; ``LOST`` (expired, or fewer than a majority can still
-        hold it: it has been given up, and :attr:`Lock.lost_reason` says
-        why); ``UNREACHABLE`` (too few nodes answered, still valid: try again
-        soon); or ``BUSY`` (another thread is extending or releasing it right
-        now).
-
-        Locks go to the nodes a few hundred per script call (``renew.lua``;
-        semaphore slots, ``semaphore_renew.lua``), all calls in one pipeline
-        per node, led by a ``SCRIPT LOAD`` so that a node that lost its script
-        cache (a restart, ``SCRIPT FLUSH``) needs no second round trip.
-        """
-        outcomes = [BUSY] * len(locks)
-        taken: list[int] = []
-        groups: dict[tuple[bool, int, str], list[int]] = {}
-        try:
-            now = _clock.monotonic()
-            for position, lock in enumerate(locks):
-                if position % _clock.PAUSE_EVERY == _clock.PAUSE_EVERY - 1:
-                    _clock.pause()  # thousands of locks: let the others run
-                if not lock._mutex.acquire(blocking=False):
-                    continue
-                taken.append(position)
-                if lock._value is None:
-                    outcomes[position] = LOST
-                elif not lock._adopted and lock._valid_until <= now:
-                    lock.lost_reason = lock.expired_reason()
-                    outcomes[position] = LOST
-                else:
-                    place = "0" if lock._adopted else "1"
-                    kind = isinstance(lock, Semaphore)
-                    groups.setdefault((kind, _clock.to_ms(lock.ttl), place), []).append(position)
-            kinds = {kind for kind, _, _ in groups}
-            calls: list[Call | Command] = [
-                _load(script)
-                for kind, script in ((False, _RENEW), (True, _SEM_RENEW))
-                if kind in kinds
-            ]
-            chunks: list[tuple[list[int], float]] = []
-            for (kind, ttl_ms, place), positions in groups.items():
-                for first in range(0, len(positions), _RENEW_CHUNK):
-                    _clock.pause()
-                    chunk = positions[first : first + _RENEW_CHUNK]
-                    calls.append(self._renew_call(kind, [locks[p] for p in chunk], ttl_ms, place))
-                    chunks.append((chunk, ttl_ms / 1000.0))
-            if chunks:
-                # Thousands of locks take the nodes a while to run: allow for it.
-                timeout = self.node_timeout + _RENEW_ALLOWANCE * (len(locks) - 1)
-                started = _clock.monotonic()
-                results = fan_out(self.nodes, [calls] * len(self.nodes), timeout)
-                finished = _clock.monotonic()
-                placed = 0
-                for slot, (chunk, ttl) in enumerate(chunks, start=len(kinds)):
-                    _clock.pause()
-                    answers = [reply(result, slot) for result in results]
-                    placed += self._settle(
-                        [locks[p] for p in chunk], chunk, answers, ttl, started, finished, outcomes
-                    )
-                if placed:
-                    logger.info(
-                        "renewal placed %d lock key(s) again on nodes that lacked them", placed
-                    )
-            self._give_up(
-                [locks[p] for p in taken if outcomes[p] == LOST and locks[p]._value is not None]
-            )
-        finally:
-            for position in taken:
-                locks[position]._mutex.release()
-        return outcomes
-
-    @staticmethod
-    def _renew_call(kind: bool, chunk: Sequence[Lock | Semaphore], ttl_ms: int, place: str) -> Call:
-        """One ``renew.lua`` call for locks, or one ``semaphore_renew.lua`` call for slots."""
-        if not kind:
-            keys = tuple(lock.key for lock in chunk if isinstance(lock, Lock))
-            values = tuple(lock._value or "" for lock in chunk)
-            return Call(_RENEW, keys, (ttl_ms, place, *values))
-        held = [
-            (sem.keys, sem._slot or 0, sem._value or "")
-            for sem in chunk
-            if isinstance(sem, Semaphore)
-        ]
-        return renew_call(held, ttl_ms, place)
-
-    def _settle(
-        self,
-        chunk: Sequence[Lock | Semaphore],
-        positions: Sequence[int],
-        answers: Sequence[Any],
-        ttl: float,
-        started: float,
-        finished: float,
-        outcomes: list[str],
-    ) -> int:
-        """Decide the outcome of each lock of one ``renew.lua`` call; return keys placed."""
-        failures = {
-            node.name: answer
-            for node, answer in zip(self.nodes, answers, strict=True)
-            if failed(answer)
-        }
-        answered = [answer for answer in answers if not failed(answer)]
-        remaining = _clock.validity(ttl, started, finished, self.drift_factor)
-        valid_until = started + ttl - _clock.drift(ttl, self.drift_factor)
-        now = _clock.monotonic()
-        everywhere = b"1" * len(chunk)
-        same = all(answer == everywhere for answer in answered)
-        shared = Tally(
-            nodes=len(self.nodes),
-            quorum=self.quorum,
-            held=len(answered),
-            unreachable=len(failures),
-            failures=failures,
-        )
-        placed = 0
-        for offset, (lock, position) in enumerate(zip(chunk, positions, strict=True)):
-            if same:
-                tally = shared  # the usual case: every node that answered holds every lock
-            else:
-                tally = Tally(
-                    nodes=len(self.nodes),
-                    quorum=self.quorum,
-                    unreachable=len(failures),
-                    failures=failures,
-                )
-                for answer in answered:
-                    tally.count(answer[offset : offset + 1])
-                placed += tally.placed
-            if tally.confirmed and remaining > 0:
-                lock._valid_until = valid_until
-                lock._adopted = False
-                lock._unconfirmed = None
-                outcomes[position] = RENEWED
-            elif tally.lost:
-                lock.lost_reason = tally.describe()
-                outcomes[position] = LOST
-            elif lock._adopted or lock._valid_until > now:
-                lock._unconfirmed = tally.describe()
-                outcomes[position] = UNREACHABLE
-            else:
-                lock.lost_reason = (
-                    f"its validity ran out before a majority confirmed it; {tally.describe()}"
-                )
-                outcomes[position] = LOST
-        return placed
-
-    def _give_up(self, locks: Sequence[Lock | Semaphore]) -> None:
-        """Forget ``locks`` and delete them wherever they are still theirs: one round trip."""
-        calls: list[Call | Command] = [_load(_RELEASE), _load(_SEM_RELEASE)]
-        for lock in locks:
-            value = lock._value
-            assert value is not None
-            if isinstance(lock, Semaphore):
-                slot = lock._slot if lock._slot is not None else -1
-                lock._forget()
-                args = (slot, value, lock.keys.released, "")
-                calls.append(Call(_SEM_RELEASE, lock.keys.all, args, late_ok=True))
-            else:
-                lock._forget()
-                keys = (lock.key, lock._args_key)
-                calls.append(Call(_RELEASE, keys, (value, lock._channel), late_ok=True))
-        if len(calls) > 2:
-            fan_out(self.nodes, [calls] * len(self.nodes), self.node_timeout)
+    def renew(self, leases: Sequence[Renewable]) -> list[str]:
+        """Extend many held locks and slots at once: :func:`.renewal_batch.renew`."""
+        return renewal_batch.renew(self, leases)
 
     def inspect(self, name: str) -> list[tuple[str | None, float] | NodeFailure]:
         """What each node holds for lock ``name``: ``(value, seconds_left)``.

@@ -31,23 +31,16 @@ import math
 import os
 import threading
 import weakref
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from .. import _clock
 from .._clock import PAUSE_EVERY, pause
-from .quorum import LOST, RENEWED, UNREACHABLE
+from .._scripts import LuaScript
+from ..transport.commands import Call
+from .quorum import LOST, RENEWED, UNREACHABLE, Tally
 
-if TYPE_CHECKING:
-    from typing import TypeAlias
-
-    from .lock import Lock as _Lock
-    from .semaphore import Semaphore
-
-    #: What the heartbeat renews: a lock, or a semaphore's slot.
-    Lock: TypeAlias = _Lock | Semaphore
-
-__all__ = ["Heartbeat", "HeldLock", "heartbeat"]
+__all__ = ["Heartbeat", "HeldLock", "Renewable", "heartbeat"]
 
 logger = logging.getLogger("celery_redlock.heartbeat")
 
@@ -62,6 +55,68 @@ IDLE_DORMANT = 60.0
 RETRY_UNREACHABLE = 1.0
 
 
+class Renewer(Protocol):
+    """The nodes a :class:`Renewable` is held on: they renew many at once."""
+
+    def renew(self, leases: Sequence[Renewable]) -> list[str]:
+        """``RENEWED``, ``LOST``, ``UNREACHABLE`` or ``BUSY`` per lease."""
+        ...
+
+
+class Renewable(Protocol):
+    """A lock or a semaphore slot: it supplies its part of a renewal call, applies the outcome."""
+
+    name: str
+    ttl: float
+    owner: str | None
+    lost_reason: str | None
+    #: The script that renews a batch of these.
+    renew_script: LuaScript
+
+    @property
+    def renew_place(self) -> str:
+        """The renewal script's ``place`` argument."""
+
+    @property
+    def redlock(self) -> Renewer:
+        """The nodes it is held on."""
+
+    @property
+    def value(self) -> str | None:
+        """The value held, ``None`` when not held."""
+
+    @property
+    def validity(self) -> float:
+        """Seconds it is still safe to rely on."""
+
+    def locked(self) -> bool:
+        """Held and still valid."""
+
+    def expired_reason(self) -> str:
+        """Why its validity ran out."""
+
+    def release(self) -> bool:
+        """Give it back; whether it was still held."""
+
+    def _forget(self) -> None:
+        """Drop the hold without telling the nodes (a singleton's hand-back replaced it)."""
+
+    def start_renewal(self, now: float) -> str | None:
+        """Hold it for a renewal: ``None``, or the outcome if there is nothing to renew."""
+
+    def renew_part(self) -> tuple[tuple[str, ...], tuple[str | int, ...]]:
+        """Its keys and arguments in a batch's script call."""
+
+    def apply_renewal(self, tally: Tally, remaining: float, valid_until: float, now: float) -> str:
+        """Take the nodes' answers (``tally``) to its renewal; return the outcome."""
+
+    def end_renewal(self) -> None:
+        """Let other threads extend or release it again (after :meth:`start_renewal`)."""
+
+    def give_up_call(self) -> Call:
+        """Forget the hold; return the call that deletes it wherever it is still its own."""
+
+
 class HeldLock:
     """A lock registered with the heartbeat, and what is known about it.
 
@@ -73,7 +128,7 @@ class HeldLock:
 
     def __init__(
         self,
-        lock: Lock,
+        lock: Renewable,
         *,
         task_id: str | None = None,
         progress_timeout: float | None = None,
@@ -81,8 +136,8 @@ class HeldLock:
         weak: bool = False,
     ) -> None:
         now = _clock.monotonic()
-        self._strong: Lock | None = None if weak else lock
-        self._weak: weakref.ref[Lock] | None = weakref.ref(lock) if weak else None
+        self._strong: Renewable | None = None if weak else lock
+        self._weak: weakref.ref[Renewable] | None = weakref.ref(lock) if weak else None
         #: The lock's name (kept for messages once a weakly held lock is gone).
         self.name = lock.name
         self.task_id = task_id
@@ -101,14 +156,14 @@ class HeldLock:
         self.singleton_ttl: float | None = None
 
     @property
-    def lock(self) -> Lock:
+    def lock(self) -> Renewable:
         """The lock (raises ``ReferenceError`` for a weakly held lock already collected)."""
         lock = self.target()
         if lock is None:
             raise ReferenceError("the lock object was garbage-collected")
         return lock
 
-    def target(self) -> Lock | None:
+    def target(self) -> Renewable | None:
         """The lock, or ``None`` once a weakly held lock has been collected."""
         return self._strong if self._weak is None else self._weak()
 
@@ -141,7 +196,7 @@ class Heartbeat:
 
     def hold(
         self,
-        lock: Lock,
+        lock: Renewable,
         *,
         task_id: str | None = None,
         progress_timeout: float | None = None,
@@ -248,7 +303,7 @@ class Heartbeat:
         # thousands of tuples kept for the round would only feed the
         # garbage collector's full collections, each a stall of its own.
         active: list[HeldLock] = []
-        active_locks: list[Lock] = []
+        active_locks: list[Renewable] = []
         dropped: list[HeldLock] = []
         shortest = math.inf
         for count, held in enumerate(held_now, start=1):
@@ -280,7 +335,7 @@ class Heartbeat:
             if on_tick:
                 self._next_tick = now + tick
         due: list[HeldLock] = []
-        due_locks: list[Lock] = []
+        due_locks: list[Renewable] = []
         expired: list[HeldLock] = []
         for count, (held, lock) in enumerate(zip(active, active_locks, strict=True), start=1):
             if held.progress_timeout is not None and held.stalled(now):
@@ -331,9 +386,9 @@ class Heartbeat:
             self._next_tick = now + self._tick
         return self._next_tick - now
 
-    def _renew(self, helds: list[HeldLock], locks: list[Lock]) -> None:
+    def _renew(self, helds: list[HeldLock], locks: list[Renewable]) -> None:
         """Renew ``locks`` (``helds[i]`` holds ``locks[i]``); record each outcome."""
-        by_redlock: dict[int, tuple[list[HeldLock], list[Lock]]] = {}
+        by_redlock: dict[int, tuple[list[HeldLock], list[Renewable]]] = {}
         for held, lock in zip(helds, locks, strict=True):
             group = by_redlock.setdefault(id(lock.redlock), ([], []))
             group[0].append(held)

@@ -40,9 +40,10 @@ from .. import _clock
 from .._layout import semaphore_keys
 from .._validators import seconds, text
 from ..errors import ConfigurationError, LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
+from ..transport.commands import Call
 from .lease import Lease, LockNodes
 from .renewal import heartbeat
-from .semaphore_slots import MAX_LIMIT, Attempt, Slots, check_limit
+from .semaphore_slots import MAX_LIMIT, RENEW, Attempt, Slots, check_limit
 
 if TYPE_CHECKING:
     from .renewal import HeldLock
@@ -65,9 +66,8 @@ class Semaphore(Lease):
             run_export()
     """
 
-    #: A semaphore is never built from a token held elsewhere (the heartbeat asks).
-    _adopted = False
     kind = "semaphore"
+    renew_script = RENEW
 
     def __init__(
         self,
@@ -308,6 +308,17 @@ class Semaphore(Lease):
             return True
         self.lost_reason = f"its validity had run out; {tally.describe()}"
         return False
+
+    def renew_part(self) -> tuple[tuple[str, ...], tuple[str | int, ...]]:
+        """Its keys, slot and value in a batch's ``semaphore_renew.lua`` call."""
+        return (self.keys.holders, self.keys.expiry), (self._slot or 0, self._value or "")
+
+    def give_up_call(self) -> Call:
+        """Forget the acquisition; return the call that gives the slot up wherever it is ours."""
+        value, slot = self._value, self._slot
+        assert value is not None
+        self._forget()
+        return self._slots.release_call(-1 if slot is None else slot, value, notify=True)
 
     def _give_up(self, reason: str) -> None:
         value, slot = self._value, self._slot

@@ -39,7 +39,6 @@ __all__ = [
     "agreed",
     "check_limit",
     "decided",
-    "renew_call",
     "target",
 ]
 
@@ -275,16 +274,6 @@ class Slots:
             enough=majority_held(redlock.quorum),
         )
         return Tally.of(redlock.nodes, results, redlock.quorum)
-
-
-def renew_call(held: Sequence[tuple[SemaphoreKeys, int, str]], ttl_ms: int, place: str) -> Call:
-    """One ``semaphore_renew.lua`` call for ``(keys, slot, value)`` of several held slots."""
-    keys: list[str] = []
-    args: list[str | int] = [ttl_ms, place]
-    for slot_keys, slot, value in held:
-        keys += (slot_keys.holders, slot_keys.expiry)
-        args += (slot, value)
-    return Call(RENEW, tuple(keys), tuple(args))
 
 
 # -- the rules -----------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 
 from celery_redlock.errors import LockLost
 from celery_redlock.lock import redlock as redlock_module
+from celery_redlock.lock import renewal_batch
 from celery_redlock.lock.renewal import RENEW_AT, Heartbeat
 from tests.support import script_runs, with_node_timeout
 
@@ -50,13 +51,13 @@ def test_500_locks_renew_in_one_round_trip_per_node(
         assert ttl <= 24.0, "500 acquisitions never fit in a third of the ttl"
 
     fan_outs: list[list[int]] = []
-    real_fan_out = redlock_module.fan_out
+    real_fan_out = renewal_batch.fan_out
 
     def counting_fan_out(nodes: Any, calls: Any, timeout: float, **options: Any) -> Any:
         fan_outs.append([len(node_calls) for node_calls in calls])
         return real_fan_out(nodes, calls, timeout, **options)
 
-    monkeypatch.setattr(redlock_module, "fan_out", counting_fan_out)
+    monkeypatch.setattr(renewal_batch, "fan_out", counting_fan_out)
     before = [script_runs(node) for node in nodes]
     beat = Heartbeat()
     held = [beat.hold(lock) for lock in locks]
@@ -90,13 +91,13 @@ def test_renewal_right_after_a_script_flush_is_still_one_round_trip(
             client.script_flush()
             client.config_resetstat()
     fan_outs: list[int] = []
-    real_fan_out = redlock_module.fan_out
+    real_fan_out = renewal_batch.fan_out
 
     def counting_fan_out(nodes: Any, calls: Any, timeout: float) -> Any:
         fan_outs.append(1)
         return real_fan_out(nodes, calls, timeout)
 
-    monkeypatch.setattr(redlock_module, "fan_out", counting_fan_out)
+    monkeypatch.setattr(renewal_batch, "fan_out", counting_fan_out)
     assert redlock.renew(locks) == [redlock_module.RENEWED] * 2000
     assert len(fan_outs) == 1
     for node in nodes:

@@ -439,6 +439,7 @@ def test_locks_and_slots_renew_in_one_round_trip(
     servers: Any, make_redlock: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from celery_redlock.lock import redlock as redlock_module
+    from celery_redlock.lock import renewal_batch
 
     redlock = make_redlock(servers[:3])
     lock = redlock.lock("mixed-lock", ttl=5.0)
@@ -447,13 +448,13 @@ def test_locks_and_slots_renew_in_one_round_trip(
     for sem in sems:
         assert sem.acquire(blocking=False)
     fan_outs: list[list[int]] = []
-    real = redlock_module.fan_out
+    real = renewal_batch.fan_out
 
     def counting(nodes: Any, calls: Any, timeout: float, **options: Any) -> Any:
         fan_outs.append([len(node_calls) for node_calls in calls])
         return real(nodes, calls, timeout, **options)
 
-    monkeypatch.setattr(redlock_module, "fan_out", counting)
+    monkeypatch.setattr(renewal_batch, "fan_out", counting)
     time.sleep(0.2)
     sent = time.monotonic()
     assert redlock.renew([lock, *sems]) == [redlock_module.RENEWED] * 5

@@ -153,10 +153,6 @@ LONG_MODULES = {
         "one job, one named lock: acquire, extend, release and their outcomes, "
         "documented rule by rule"
     ),
-    "celery_redlock.lock.redlock": (
-        "one job, the Redlock over N nodes: locks, batched renewal and inspection of "
-        "locks it does not hold, all through one fan-out"
-    ),
     "celery_redlock.lock.renewal": (
         "one job, the per-process renewal thread: the held locks and slots, when each "
         "is due, progress, and what a failed renewal tells the holder"
