@@ -37,6 +37,7 @@ from typing import Protocol
 from .. import _clock
 from .._clock import PAUSE_EVERY, pause
 from .._scripts import LuaScript
+from ..errors import LockLost
 from ..transport.commands import Call
 from .quorum import LOST, RENEWED, UNREACHABLE, Tally
 
@@ -436,8 +437,6 @@ class Heartbeat:
 
 
 def _lost_error(held: HeldLock) -> Exception:
-    from ..errors import LockLost
-
     return LockLost(
         f"lock {held.name!r} of task {held.task_id} was lost "
         f"({held.lost_reason or 'expired'}); stop work that needs it",

@@ -103,10 +103,6 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 #: and why. The cycle test above counts them too, so none of them may break a
 #: cycle by hiding it from the top of the module: a new one is a decision.
 LAZY_IMPORTS = {
-    ("celery_redlock.lock.renewal", "celery_redlock.errors"): (
-        "errors imports nothing, so this breaks no cycle; to move to the top of "
-        "heartbeat.py when that module is next changed"
-    ),
     ("celery_redlock.tasks.app_setup", "celery_redlock.admin.startup_notice"): (
         "the start-up report reads through the admin API: loaded by the worker's bootstep "
         "only, so that a process that only publishes loads no operator tool"
