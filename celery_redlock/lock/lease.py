@@ -22,9 +22,9 @@ from ..errors import LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
 from ..transport.failure_text import detail
 from ..transport.nodes import Node
 from .fencing import FenceClock
+from .held_lease import Renewable
 from .quorum import BUSY, LOST, RENEWED, UNREACHABLE, Tally
 from .release_wakeup import ReleaseListener, sleep
-from .renewal import Renewable
 
 __all__ = ["Lease", "LockNodes", "expiry_reason"]
 

@@ -43,7 +43,7 @@ from .quorum import Tally, acquire_decided, failed, majority_at_least, majority_
 from .renewal import heartbeat
 
 if TYPE_CHECKING:
-    from .renewal import HeldLock
+    from .held_lease import HeldLock
 
 __all__ = ["Lock"]
 

@@ -44,9 +44,9 @@ from ..errors import ConfigurationError
 from ..transport.nodes import Call, Command, Node, NodeFailure, fan_out, make_nodes
 from . import renewal_batch
 from .fencing import FenceClock
+from .held_lease import Renewable
 from .lock import Lock
 from .quorum import BUSY, LOST, RENEWED, UNREACHABLE, failed, reply
-from .renewal import Renewable
 from .semaphore import Semaphore
 from .semaphore_slots import RELEASE_OWNER as _SEM_RELEASE_OWNER
 

@@ -30,23 +30,18 @@ import logging
 import math
 import os
 import threading
-import weakref
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable
 
 from .. import _clock
 from .._clock import PAUSE_EVERY, pause
-from .._scripts import LuaScript
 from ..errors import LockLost
-from ..transport.commands import Call
-from .quorum import LOST, RENEWED, UNREACHABLE, Tally
+from .held_lease import RENEW_AT, HeldLock, Renewable
+from .quorum import LOST, RENEWED, UNREACHABLE
 
-__all__ = ["Heartbeat", "HeldLock", "Renewable", "heartbeat"]
+__all__ = ["Heartbeat", "heartbeat"]
 
 logger = logging.getLogger("celery_redlock.heartbeat")
 
-#: Renew when this fraction of the ttl has passed since the last renewal.
-RENEW_AT = 1 / 3
 #: Shortest interval between renewal rounds, seconds.
 MIN_TICK = 0.005
 
@@ -54,130 +49,6 @@ MIN_TICK = 0.005
 IDLE_DORMANT = 60.0
 #: After a round where too few nodes answered, try again this soon (seconds, at most).
 RETRY_UNREACHABLE = 1.0
-
-
-class Renewer(Protocol):
-    """The nodes a :class:`Renewable` is held on: they renew many at once."""
-
-    def renew(self, leases: Sequence[Renewable]) -> list[str]:
-        """``RENEWED``, ``LOST``, ``UNREACHABLE`` or ``BUSY`` per lease."""
-        ...
-
-
-class Renewable(Protocol):
-    """A lock or a semaphore slot: it supplies its part of a renewal call, applies the outcome."""
-
-    name: str
-    ttl: float
-    owner: str | None
-    lost_reason: str | None
-    #: The script that renews a batch of these.
-    renew_script: LuaScript
-
-    @property
-    def renew_place(self) -> str:
-        """The renewal script's ``place`` argument."""
-
-    @property
-    def redlock(self) -> Renewer:
-        """The nodes it is held on."""
-
-    @property
-    def value(self) -> str | None:
-        """The value held, ``None`` when not held."""
-
-    @property
-    def validity(self) -> float:
-        """Seconds it is still safe to rely on."""
-
-    def locked(self) -> bool:
-        """Held and still valid."""
-
-    def expired_reason(self) -> str:
-        """Why its validity ran out."""
-
-    def release(self) -> bool:
-        """Give it back; whether it was still held."""
-
-    def _forget(self) -> None:
-        """Drop the hold without telling the nodes (a singleton's hand-back replaced it)."""
-
-    def start_renewal(self, now: float) -> str | None:
-        """Hold it for a renewal: ``None``, or the outcome if there is nothing to renew."""
-
-    def renew_part(self) -> tuple[tuple[str, ...], tuple[str | int, ...]]:
-        """Its keys and arguments in a batch's script call."""
-
-    def apply_renewal(self, tally: Tally, remaining: float, valid_until: float, now: float) -> str:
-        """Take the nodes' answers (``tally``) to its renewal; return the outcome."""
-
-    def end_renewal(self) -> None:
-        """Let other threads extend or release it again (after :meth:`start_renewal`)."""
-
-    def give_up_call(self) -> Call:
-        """Forget the hold; return the call that deletes it wherever it is still its own."""
-
-
-class HeldLock:
-    """A lock registered with the heartbeat, and what is known about it.
-
-    The heartbeat holds the lock itself strongly (a task's lock, released by
-    the task) or, with ``weak=True``, by weak reference (a plain lock with
-    ``auto_renew``): a lock object nobody references any more is then no
-    longer renewed, and expires.
-    """
-
-    def __init__(
-        self,
-        lock: Renewable,
-        *,
-        task_id: str | None = None,
-        progress_timeout: float | None = None,
-        on_lost: Callable[[HeldLock, str], None] | None = None,
-        weak: bool = False,
-    ) -> None:
-        now = _clock.monotonic()
-        self._strong: Renewable | None = None if weak else lock
-        self._weak: weakref.ref[Renewable] | None = weakref.ref(lock) if weak else None
-        #: The lock's name (kept for messages once a weakly held lock is gone).
-        self.name = lock.name
-        self.task_id = task_id
-        self.progress_timeout = progress_timeout
-        self.on_lost = on_lost
-        self.acquired_at = now
-        self.last_progress = now
-        self.last_renewed = now
-        self.next_due = now + lock.ttl * RENEW_AT
-        self.lost = False
-        self.lost_reason = ""
-        #: Why it was lost, for metrics: ``stalled``, ``renewal_failed`` or ``expired``.
-        self.lost_code = ""
-        self.released = False
-        #: Set for a singleton lock: its ttl while queued, for handing it back on retry.
-        self.singleton_ttl: float | None = None
-
-    @property
-    def lock(self) -> Renewable:
-        """The lock (raises ``ReferenceError`` for a weakly held lock already collected)."""
-        lock = self.target()
-        if lock is None:
-            raise ReferenceError("the lock object was garbage-collected")
-        return lock
-
-    def target(self) -> Renewable | None:
-        """The lock, or ``None`` once a weakly held lock has been collected."""
-        return self._strong if self._weak is None else self._weak()
-
-    @property
-    def held_for(self) -> float:
-        """Seconds since the lock was taken."""
-        return _clock.monotonic() - self.acquired_at
-
-    def stalled(self, now: float) -> bool:
-        """True when the task has made no progress for ``progress_timeout``."""
-        return (
-            self.progress_timeout is not None and now - self.last_progress > self.progress_timeout
-        )
 
 
 class Heartbeat:

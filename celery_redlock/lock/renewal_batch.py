@@ -14,9 +14,9 @@ from typing import Any
 from .. import _clock
 from .._scripts import LuaScript
 from ..transport.nodes import Call, Command, fan_out
+from .held_lease import Renewable
 from .lease import LockNodes
 from .quorum import BUSY, LOST, Tally, failed, reply
-from .renewal import Renewable
 
 __all__ = ["renew"]
 

@@ -46,7 +46,7 @@ from .renewal import heartbeat
 from .semaphore_slots import MAX_LIMIT, RENEW, Attempt, Slots, check_limit
 
 if TYPE_CHECKING:
-    from .renewal import HeldLock
+    from .held_lease import HeldLock
 
 __all__ = ["MAX_LIMIT", "Semaphore", "check_limit"]
 

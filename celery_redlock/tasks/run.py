@@ -40,9 +40,10 @@ from celery.exceptions import Ignore, Reject, Retry
 from .. import _clock, signals
 from .._layout import QUEUED, LockValue
 from ..errors import QuorumUnavailable
+from ..lock.held_lease import HeldLock
 from ..lock.lock import Lock
 from ..lock.redlock import Redlock
-from ..lock.renewal import HeldLock, heartbeat
+from ..lock.renewal import heartbeat
 from ..lock.semaphore import Semaphore
 from ..ratelimit import RateLimiter
 from .app_state import limiter_for, redlock_for

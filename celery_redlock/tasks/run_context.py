@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
+from ..lock.held_lease import HeldLock
 from ..lock.lock import Lock
 from ..lock.redlock import Redlock
-from ..lock.renewal import HeldLock
 from ..lock.semaphore import Semaphore
 from ..ratelimit import RateLimiter
 from .policies import TaskPolicy

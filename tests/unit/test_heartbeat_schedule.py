@@ -18,8 +18,9 @@ from freezegun.api import FrozenDateTimeFactory
 
 from celery_redlock._clock import monotonic
 from celery_redlock.lock import renewal as heartbeat_module
+from celery_redlock.lock.held_lease import HeldLock
 from celery_redlock.lock.redlock import LOST, RENEWED, UNREACHABLE
-from celery_redlock.lock.renewal import Heartbeat, HeldLock
+from celery_redlock.lock.renewal import Heartbeat
 from celery_redlock.tasks.run_endings import BUSY_BACKOFF_MAX, busy_countdown
 
 

@@ -149,10 +149,6 @@ LONG_MODULES = {
         "one job, one named lock: acquire, extend, release and their outcomes, "
         "documented rule by rule"
     ),
-    "celery_redlock.lock.renewal": (
-        "one job, the per-process renewal thread: the held locks and slots, when each "
-        "is due, progress, and what a failed renewal tells the holder"
-    ),
     "celery_redlock.ratelimit.limiter": (
         "one job, the RateLimiter class: its public methods each decide, read or change "
         "state through one script call and one fail-over path"

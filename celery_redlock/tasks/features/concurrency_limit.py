@@ -23,7 +23,7 @@ from typing import NoReturn
 
 from ... import signals
 from ..._layout import LockValue
-from ...lock.renewal import HeldLock
+from ...lock.held_lease import HeldLock
 from ..feature_policies import ConcurrencyPolicy
 from ..run_context import RunContext
 from ..run_endings import Taken, give_up_waiting
