@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import _clock
@@ -37,9 +36,9 @@ from .._scripts import load
 from .._validators import seconds, text
 from ..errors import ConfigurationError, LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
 from ..transport.nodes import Call, fan_out
-from .fencing import ahead_us, token_for
+from .acquire_attempt import Attempt, attempt
 from .lease import Lease, LockNodes
-from .quorum import Tally, acquire_decided, failed, majority_at_least, majority_held, reply
+from .quorum import Tally, majority_held
 from .renewal import heartbeat
 
 if TYPE_CHECKING:
@@ -49,22 +48,9 @@ __all__ = ["Lock"]
 
 logger = logging.getLogger("celery_redlock.lock")
 
-_ACQUIRE = load("acquire")
 _RENEW = load("renew")
 _RELEASE = load("release")
 _EXTEND = load("extend")
-_FENCE_RAISE = load("fence_raise")
-
-
-@dataclass
-class _Outcome:
-    """What one acquire attempt found."""
-
-    acquired: bool
-    answered: int = 0
-    granted: int = 0
-    retry_hint: float | None = None
-    failures: dict[str, BaseException] = field(default_factory=dict)
 
 
 class Lock(Lease):
@@ -110,11 +96,8 @@ class Lock(Lease):
         self.replaces = "" if replaces is None else text(replaces, "replaces")
         #: Renew from the process heartbeat while held (see the module docstring).
         self.auto_renew = auto_renew
-        keys = redlock.keys(self.name)
+        self._keys = keys = redlock.keys(self.name)
         self.key = keys.lock
-        self._fence_key = keys.fence
-        self._channel = keys.released
-        self._args_key = keys.args
         self._mutex = threading.RLock()
         self._value: str | None = None
         self._valid_until = 0.0
@@ -212,134 +195,40 @@ class Lock(Lease):
             )
         return self._wait(
             self._attempt,
-            channel=self._channel,
+            channel=self._keys.released,
             blocking=blocking,
             timeout=timeout,
             listen_first=False,
         )
 
-    def _attempt(self) -> _Outcome:
-        """One try on every node; on failure the nodes are left as found.
-
-        The fencing token is settled in the same round trip when every node
-        that answered was below the proposed token, else in one more
-        (:mod:`.fencing`).
-        """
-        redlock = self.redlock
-        nodes = redlock.nodes
+    def _attempt(self) -> Attempt:
+        """One try on every node; on failure the nodes are left as found."""
         value = LockValue.compose(secrets.token_hex(16), self.owner)
-        lead = int(redlock.node_timeout * 1e6)
-        ahead = ahead_us(lead)
-        proposal = redlock.fence_clock.propose(lead)
-        call = Call(
-            _ACQUIRE,
-            (self.key, self._fence_key),
-            (
-                value,
-                to_ms(self.ttl),
-                to_ms(redlock.fence_ttl),
-                self.replaces,
-                f"{proposal} {ahead}",
-            ),
+        outcome = attempt(self.redlock, self._keys, value, self.ttl, self.replaces)
+        if not outcome.acquired:
+            self._release_value(value, notify=False, on=outcome.undo)
+            return outcome
+        drift = _clock.drift(self.ttl, self.redlock.drift_factor)
+        with self._mutex:
+            self._value = value
+            self._valid_until = outcome.started + self.ttl - drift
+            self._fencing_token = outcome.token
+            self.lost_reason = None
+            self._unconfirmed = None
+        if self.auto_renew:
+            beat = heartbeat()
+            if self._held is not None:  # an earlier acquisition that expired
+                beat.drop(self._held)
+            self._held = beat.hold(self, weak=True)
+        logger.debug(
+            "acquired %s on %d/%d nodes, token %d (%s)",
+            self.name,
+            outcome.granted,
+            len(self.redlock.nodes),
+            outcome.token,
+            "one round trip" if outcome.settled else "two round trips",
         )
-        started = _clock.monotonic()
-        decided = acquire_decided(redlock.quorum, len(nodes))
-        results = fan_out(nodes, [[call]] * len(nodes), redlock.node_timeout, enough=decided)
-        received = _clock.monotonic()
-
-        outcome = _Outcome(acquired=False)
-        granted: set[int] = set()
-        silent: set[int] = set()
-        highest_fence = 0  # over every node that answered, granting or not
-        latest_time = 0
-        recorded = 0  # granting nodes that recorded the proposal
-        pttls: list[int] = []
-        for index, result in enumerate(results):
-            answer = reply(result)
-            if failed(answer):
-                outcome.failures[nodes[index].name] = answer
-                silent.add(index)
-                continue
-            outcome.answered += 1
-            if answer[1] > highest_fence:
-                highest_fence = answer[1]
-            if answer[2] > latest_time:
-                latest_time = answer[2]
-            if answer[0]:
-                granted.add(index)
-                recorded += answer[1] < proposal <= answer[2] + ahead
-            elif answer[3] >= 0:
-                # 0 means "expires within the millisecond": retry at once.
-                pttls.append(max(answer[3], 1))
-        if latest_time:
-            redlock.fence_clock.observe(latest_time, received)
-        outcome.granted = len(granted)
-
-        if len(granted) >= redlock.quorum:
-            token, settled = token_for(
-                proposal, highest_fence, recorded, redlock.quorum, latest_time + ahead
-            )
-            if not settled and not self._record_token(token, outcome):
-                token = 0
-            remaining = _clock.validity(self.ttl, started, _clock.monotonic(), redlock.drift_factor)
-            if token and remaining > 0:
-                with self._mutex:
-                    self._value = value
-                    self._valid_until = (
-                        started + self.ttl - _clock.drift(self.ttl, redlock.drift_factor)
-                    )
-                    self._fencing_token = token
-                    self.lost_reason = None
-                    self._unconfirmed = None
-                redlock.fence_clock.issued(token)
-                outcome.acquired = True
-                if self.auto_renew:
-                    beat = heartbeat()
-                    if self._held is not None:  # an earlier acquisition that expired
-                        beat.drop(self._held)
-                    self._held = beat.hold(self, weak=True)
-                logger.debug(
-                    "acquired %s on %d/%d nodes, token %d (%s)",
-                    self.name,
-                    len(granted),
-                    len(nodes),
-                    token,
-                    "one round trip" if settled else "two round trips",
-                )
-                return outcome
-
-        # Undo wherever our fresh token may be: where it was set, and where
-        # no answer came (a node that timed out may have set it after we
-        # stopped listening). A node that answered "busy" cannot hold it.
-        self._release_value(value, notify=False, on=silent.union(granted))
-        if pttls:
-            outcome.retry_hint = min(pttls) / 1000.0
         return outcome
-
-    def _record_token(self, token: int, outcome: _Outcome) -> bool:
-        """Raise every node's bucket to ``token``; True once a majority holds it.
-
-        When fewer than a majority answer, ``outcome`` is updated so the
-        attempt counts as one without a quorum.
-        """
-        redlock = self.redlock
-        call = Call(_FENCE_RAISE, (self._fence_key,), (str(token), to_ms(redlock.fence_ttl)))
-        results = fan_out(
-            redlock.nodes,
-            [[call]] * len(redlock.nodes),
-            redlock.node_timeout,
-            enough=majority_at_least(redlock.quorum, token),
-        )
-        answered = recorded = 0
-        for node, result in zip(redlock.nodes, results, strict=True):
-            answer = reply(result)
-            if failed(answer):
-                outcome.failures[node.name] = answer
-                continue
-            answered += 1
-            recorded += int(answer) >= token
-        outcome.answered = min(outcome.answered, answered)
-        return recorded >= redlock.quorum
 
     # -- extend and release ---------------------------------------------------------
 
@@ -498,8 +387,8 @@ class Lock(Lease):
         return self._release_call(value, notify=True)
 
     def _release_call(self, value: str, *, notify: bool) -> Call:
-        channel = self._channel if notify else ""
-        return Call(_RELEASE, (self.key, self._args_key), (value, channel), late_ok=True)
+        channel = self._keys.released if notify else ""
+        return Call(_RELEASE, (self.key, self._keys.args), (value, channel), late_ok=True)
 
     def _release_value(self, value: str, *, notify: bool, on: set[int] | None = None) -> Tally:
         """Delete ``value`` where it is still the key's value; ``on``: only those nodes."""

@@ -259,6 +259,7 @@ def test_partial_acquisition_is_undone_everywhere(servers, make_redlock):
 
 
 def test_a_failed_attempt_undoes_only_where_its_token_may_be(servers, make_redlock, monkeypatch):
+    from celery_redlock.lock import acquire_attempt
     from celery_redlock.lock import lock as lock_module
 
     nodes = servers[:3]
@@ -276,6 +277,7 @@ def test_a_failed_attempt_undoes_only_where_its_token_may_be(servers, make_redlo
         return results
 
     monkeypatch.setattr(lock_module, "fan_out", noting_late)
+    monkeypatch.setattr(acquire_attempt, "fan_out", noting_late)
     deadline = time.monotonic() + 30
     for n in itertools.count():
         busy, partial = f"busy:{n}", f"partial:{n}"
