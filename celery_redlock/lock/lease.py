@@ -17,14 +17,17 @@ from typing import Protocol, Self, TypeVar
 
 from .. import _clock
 from .._layout import LockKeys
+from .._scripts import LuaScript
 from .._validators import MAX_TTL, check_ttl, seconds
-from ..errors import LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
+from ..errors import ConfigurationError, LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
+from ..transport.commands import Call
 from ..transport.failure_text import detail
 from ..transport.nodes import Node
 from .fencing import FenceClock
-from .held_lease import Renewable
+from .held_lease import HeldLock, Renewable
 from .quorum import BUSY, LOST, RENEWED, UNREACHABLE, Tally
 from .release_wakeup import ReleaseListener, sleep
+from .renewal import heartbeat
 
 __all__ = ["Lease", "LockNodes", "expiry_reason"]
 
@@ -105,26 +108,44 @@ class Lease:
     """A hold on a majority of nodes, valid until a monotonic deadline.
 
     Subclasses set the attributes below and implement :meth:`acquire`,
-    :meth:`release`, :meth:`_not_acquired` and :meth:`_lost_in_block`.
+    :meth:`release`, :meth:`_not_acquired` and :meth:`_lost_in_block`;
+    an acquisition is held through :meth:`_take` and :meth:`_forget`.
     """
 
     #: ``"lock"`` or ``"semaphore"``: how errors name the kind.
     kind: str
     name: str
     redlock: LockNodes
+    ttl: float
     timeout: float | None
+    #: Free text stored beside the token (``task_id|where`` for a task's).
+    owner: str | None
+    #: Renew from the process heartbeat while held, by weak reference.
+    auto_renew: bool
+    #: The script that renews a batch of these (see :meth:`renew_part`).
+    renew_script: LuaScript
     #: Why the last acquisition ended without this object releasing it
     #: (expired, taken over on some nodes, nodes unreachable); ``None`` otherwise.
-    lost_reason: str | None
-    _value: str | None
-    _valid_until: float
+    lost_reason: str | None = None
+    _value: str | None = None
+    _valid_until = 0.0
     _mutex: threading.RLock
+    _held: HeldLock | None = None
     # Built from a token acquired elsewhere (a lock's ``token=``): its
     # validity is unknown until an extend() confirms it.
     _adopted = False
     # What the nodes answered to the last renewal that found no majority,
     # while the hold was still valid: why it was lost if it runs out.
-    _unconfirmed: str | None
+    _unconfirmed: str | None = None
+
+    @property
+    def value(self) -> str | None:
+        """The random token (and owner) written to Redis, or ``None`` when not held.
+
+        A lock's value passed as ``token=`` to :meth:`Redlock.lock` extends or
+        releases this acquisition from another object or process.
+        """
+        return self._value
 
     @property
     def validity(self) -> float:
@@ -140,6 +161,38 @@ class Lease:
     def expired_reason(self) -> str:
         """Why a held acquisition's validity ran out: what the last unconfirmed renewal heard."""
         return expiry_reason(self._unconfirmed)
+
+    def _take(self, value: str, started: float) -> None:
+        """Hold ``value``, set by an attempt begun at ``started``; renew it if ``auto_renew``."""
+        drift = _clock.drift(self.ttl, self.redlock.drift_factor)
+        with self._mutex:
+            self._value, self._valid_until = value, started + self.ttl - drift
+            self.lost_reason = self._unconfirmed = None
+        if self.auto_renew:
+            beat = heartbeat()
+            if self._held is not None:  # an earlier acquisition that expired
+                beat.drop(self._held)
+            self._held = beat.hold(self, weak=True)
+
+    def _forget(self) -> None:
+        """Drop this object's acquisition without telling the nodes."""
+        self._value, self._valid_until, self._adopted, self._unconfirmed = None, 0.0, False, None
+        held, self._held = self._held, None
+        if held is not None:
+            heartbeat().drop(held)
+
+    def _wait_for(self, blocking: bool, timeout: float | None) -> float | None:
+        """An acquire's ``timeout`` checked (``None``: the default of this object)."""
+        if timeout is None:
+            return self.timeout
+        timeout = seconds(timeout, "timeout", allow_zero=True)
+        if not blocking and timeout > 0:
+            raise ConfigurationError(
+                "timeout",
+                f"{self.kind} {self.name!r}: a non-blocking acquire makes one attempt and "
+                f"cannot wait {timeout} s; pass blocking=True, or no timeout",
+            )
+        return timeout
 
     # -- renewal (see :mod:`.renewal_batch`) ---------------------------------------
 
@@ -197,6 +250,14 @@ class Lease:
 
     def release(self) -> bool:
         """Give it back; return whether it was still held (see the subclass)."""
+        raise NotImplementedError
+
+    def renew_part(self) -> tuple[tuple[str, ...], tuple[str | int, ...]]:
+        """Its keys and arguments in a batch's :attr:`renew_script` call."""
+        raise NotImplementedError
+
+    def give_up_call(self) -> Call:
+        """Forget the acquisition; return the call that deletes it wherever it is still ours."""
         raise NotImplementedError
 
     def _not_acquired(self) -> LockNotAcquired:

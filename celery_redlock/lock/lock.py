@@ -39,10 +39,9 @@ from ..transport.nodes import Call, fan_out
 from .acquire_attempt import Attempt, attempt
 from .lease import Lease, LockNodes
 from .quorum import Tally, majority_held
-from .renewal import heartbeat
 
 if TYPE_CHECKING:
-    from .held_lease import HeldLock
+    pass
 
 __all__ = ["Lock"]
 
@@ -94,22 +93,11 @@ class Lock(Lease):
         self.owner = None if owner is None else text(owner, "owner")
         #: Take the lock over from a holder whose value ends with this text.
         self.replaces = "" if replaces is None else text(replaces, "replaces")
-        #: Renew from the process heartbeat while held (see the module docstring).
         self.auto_renew = auto_renew
         self._keys = keys = redlock.keys(self.name)
         self.key = keys.lock
         self._mutex = threading.RLock()
-        self._value: str | None = None
-        self._valid_until = 0.0
         self._fencing_token: int | None = None
-        self._adopted = False
-        self._held: HeldLock | None = None
-        #: Why the last acquisition ended without this object releasing it
-        #: (expired, taken over on some nodes, nodes unreachable); ``None`` otherwise.
-        self.lost_reason: str | None = None
-        # What the nodes answered to the last renewal that found no majority,
-        # while the lock was still valid: why it was lost if it runs out.
-        self._unconfirmed: str | None = None
         if token is not None:
             value = text(token, "token", empty=False)
             if owner is not None:
@@ -144,15 +132,6 @@ class Lock(Lease):
         """
         return self._fencing_token if self._value is not None else None
 
-    @property
-    def value(self) -> str | None:
-        """The random token (and owner) written to Redis, or ``None`` when not held.
-
-        Pass it as ``token=`` to :meth:`Redlock.lock` to extend or release this
-        acquisition from another object or process.
-        """
-        return self._value
-
     # -- acquire ----------------------------------------------------------------
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
@@ -178,16 +157,7 @@ class Lock(Lease):
         within a few tenths of a second, so an outage is reported, not waited
         out.
         """
-        if timeout is not None:
-            timeout = seconds(timeout, "timeout", allow_zero=True)
-            if not blocking and timeout > 0:
-                raise ConfigurationError(
-                    f"timeout: lock {self.name!r}: a non-blocking acquire makes one attempt "
-                    f"and cannot wait {timeout} s; pass blocking=True, or no timeout",
-                    option="timeout",
-                )
-        else:
-            timeout = self.timeout
+        timeout = self._wait_for(blocking, timeout)
         if self._adopted or self.locked():
             raise RedlockError(
                 f"lock {self.name!r} is already held by this Lock object; "
@@ -208,18 +178,8 @@ class Lock(Lease):
         if not outcome.acquired:
             self._release_value(value, notify=False, on=outcome.undo)
             return outcome
-        drift = _clock.drift(self.ttl, self.redlock.drift_factor)
-        with self._mutex:
-            self._value = value
-            self._valid_until = outcome.started + self.ttl - drift
-            self._fencing_token = outcome.token
-            self.lost_reason = None
-            self._unconfirmed = None
-        if self.auto_renew:
-            beat = heartbeat()
-            if self._held is not None:  # an earlier acquisition that expired
-                beat.drop(self._held)
-            self._held = beat.hold(self, weak=True)
+        self._fencing_token = outcome.token
+        self._take(value, outcome.started)
         logger.debug(
             "acquired %s on %d/%d nodes, token %d (%s)",
             self.name,
@@ -363,17 +323,6 @@ class Lock(Lease):
         self.lost_reason = reason
         self._forget()
         self._release_value(value, notify=True)
-
-    def _forget(self) -> None:
-        """Drop this object's acquisition without telling the nodes."""
-        self._value = None
-        self._fencing_token = None
-        self._valid_until = 0.0
-        self._adopted = False
-        self._unconfirmed = None
-        held, self._held = self._held, None
-        if held is not None:
-            heartbeat().drop(held)
 
     def renew_part(self) -> tuple[tuple[str, ...], tuple[str | int, ...]]:
         """Its key and value in a batch's ``renew.lua`` call."""

@@ -42,11 +42,10 @@ from .._validators import seconds, text
 from ..errors import ConfigurationError, LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
 from ..transport.commands import Call
 from .lease import Lease, LockNodes
-from .renewal import heartbeat
 from .semaphore_slots import MAX_LIMIT, RENEW, Attempt, Slots, check_limit
 
 if TYPE_CHECKING:
-    from .held_lease import HeldLock
+    pass
 
 __all__ = ["MAX_LIMIT", "Semaphore", "check_limit"]
 
@@ -101,20 +100,11 @@ class Semaphore(Lease):
         self.owner = None if owner is None else text(owner, "owner")
         #: Whether ``acquire()`` and ``with`` wait for a slot by default.
         self.blocking = blocking
-        #: Renew the slot from the process heartbeat while held.
         self.auto_renew = auto_renew
         self.keys = semaphore_keys(redlock.key_prefix, self.name)
         self._slots = Slots(redlock, self.name, self.keys, self.limit, self.ttl)
         self._mutex = threading.RLock()
-        self._value: str | None = None
         self._slot: int | None = None
-        self._valid_until = 0.0
-        self._held: HeldLock | None = None
-        #: Why the last acquisition ended without this object releasing it.
-        self.lost_reason: str | None = None
-        # What the nodes answered to the last renewal that found no majority,
-        # while the slot was still valid: why it was lost if it runs out.
-        self._unconfirmed: str | None = None
 
     def __repr__(self) -> str:
         state = f"slot {self._slot}, {self.validity:.3f}s left" if self.locked() else "not held"
@@ -126,11 +116,6 @@ class Semaphore(Lease):
     def valid_until(self) -> float:
         """When the acquisition stops being safe (:func:`time.monotonic` clock; 0.0 if not held)."""
         return self._valid_until if self._value is not None else 0.0
-
-    @property
-    def value(self) -> str | None:
-        """The holder's value written to its slot (``token`` or ``token|owner``), or ``None``."""
-        return self._value
 
     @property
     def slot(self) -> int | None:
@@ -159,16 +144,7 @@ class Semaphore(Lease):
         """
         if blocking is None:
             blocking = self.blocking
-        if timeout is not None:
-            timeout = seconds(timeout, "timeout", allow_zero=True)
-            if not blocking and timeout > 0:
-                raise ConfigurationError(
-                    f"timeout: semaphore {self.name!r}: a non-blocking acquire makes one "
-                    f"attempt and cannot wait {timeout} s; pass blocking=True, or no timeout",
-                    option="timeout",
-                )
-        else:
-            timeout = self.timeout
+        timeout = self._wait_for(blocking, timeout)
         if self.locked():
             raise RedlockError(
                 f"semaphore {self.name!r}: this Semaphore object holds a slot already; "
@@ -208,18 +184,8 @@ class Semaphore(Lease):
         """One try on every node; on success, this object holds the slot."""
         outcome = self._slots.attempt(self.owner, waiter, ticket)
         if outcome.acquired:
-            drift = _clock.drift(self.ttl, self.redlock.drift_factor)
-            with self._mutex:
-                self._value = outcome.value
-                self._slot = outcome.slot
-                self._valid_until = outcome.started + self.ttl - drift
-                self.lost_reason = None
-                self._unconfirmed = None
-            if self.auto_renew:
-                beat = heartbeat()
-                if self._held is not None:
-                    beat.drop(self._held)
-                self._held = beat.hold(self, weak=True)
+            self._slot = outcome.slot
+            self._take(outcome.value, outcome.started)
         return outcome
 
     # -- extend and release ---------------------------------------------------------
@@ -326,16 +292,6 @@ class Semaphore(Lease):
         self._forget()
         if value is not None and slot is not None:
             self._slots.release(slot, value)
-
-    def _forget(self) -> None:
-        """Drop this object's acquisition without telling the nodes."""
-        self._value = None
-        self._slot = None
-        self._valid_until = 0.0
-        self._unconfirmed = None
-        held, self._held = self._held, None
-        if held is not None:
-            heartbeat().drop(held)
 
     # -- context manager -------------------------------------------------------------
 

@@ -145,10 +145,6 @@ def test_every_import_inside_a_function_is_listed_with_its_reason() -> None:
 #: A module that grows past the limit is split by job, or listed here.
 LONG = 400
 LONG_MODULES = {
-    "celery_redlock.lock.lock": (
-        "one job, one named lock: acquire, extend, release and their outcomes, "
-        "documented rule by rule"
-    ),
     "celery_redlock.ratelimit.limiter": (
         "one job, the RateLimiter class: its public methods each decide, read or change "
         "state through one script call and one fail-over path"
