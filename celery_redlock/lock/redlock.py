@@ -57,6 +57,10 @@ logger = logging.getLogger("celery_redlock.lock")
 _RELEASE_OWNER = load("release_owner")
 _INSPECT = load("inspect")
 
+#: ``default_ttl`` when none is given, seconds.
+DEFAULT_TTL = 30.0
+#: ``node_timeout`` when none is given, seconds (``redlock_node_timeout``'s default too).
+DEFAULT_NODE_TIMEOUT = 0.05
 #: Longest retry_delay, seconds.
 _MAX_RETRY_DELAY = 3600.0
 
@@ -97,8 +101,8 @@ class Redlock:
         nodes: Sequence[str | redis.Redis] | str | redis.Redis,
         *,
         key_prefix: str = KEY_PREFIX,
-        default_ttl: float = 30.0,
-        node_timeout: float = 0.05,
+        default_ttl: float = DEFAULT_TTL,
+        node_timeout: float = DEFAULT_NODE_TIMEOUT,
         retry_delay: float = 0.2,
         fence_ttl: float = 30 * 24 * 3600.0,
         drift_factor: float = 0.01,
