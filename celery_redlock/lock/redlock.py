@@ -57,9 +57,9 @@ logger = logging.getLogger("celery_redlock.lock")
 _RELEASE_OWNER = load("release_owner")
 _INSPECT = load("inspect")
 
-#: ``default_ttl`` when none is given, seconds.
-DEFAULT_TTL = 30.0
-#: ``node_timeout`` when none is given, seconds (``redlock_node_timeout``'s default too).
+#: ``default_ttl`` and ``node_timeout`` when none is given, seconds: the
+#: ``redlock_default_ttl`` and ``redlock_node_timeout`` settings' defaults too.
+DEFAULT_TTL = 60.0
 DEFAULT_NODE_TIMEOUT = 0.05
 #: Longest retry_delay, seconds.
 _MAX_RETRY_DELAY = 3600.0

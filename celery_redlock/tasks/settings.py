@@ -53,7 +53,7 @@ import redis
 
 from .._layout import KEY_PREFIX, rate_prefix
 from ..errors import ConfigurationError
-from ..lock.redlock import DEFAULT_NODE_TIMEOUT, Redlock
+from ..lock.redlock import DEFAULT_NODE_TIMEOUT, DEFAULT_TTL, Redlock
 from ..ratelimit import RateLimiter
 from ..transport.endpoint import SCHEMES
 from ..transport.sentinel import SENTINEL_SCHEME
@@ -86,7 +86,7 @@ class Settings:
 
     nodes: tuple[str | redis.Redis, ...]
     key_prefix: str = KEY_PREFIX
-    default_ttl: float = 60.0
+    default_ttl: float = DEFAULT_TTL
     node_timeout: float = DEFAULT_NODE_TIMEOUT
     #: ``None``: the option's own default (see :mod:`.options`).
     singleton_ttl: float | None = None

@@ -63,3 +63,14 @@ def test_seconds_become_milliseconds_rounded_up_never_below_one():
     assert _clock.to_ms(0.0305) == 31  # a ttl never shrinks on its way to Redis
     assert _clock.to_ms(1.1) == 1100  # float noise (1100.0000000000002) adds nothing
     assert _clock.to_ms(0.0001) == 1
+
+
+def test_a_redlock_and_the_settings_share_one_default_ttl_and_node_timeout():
+    from celery_redlock import Redlock
+    from celery_redlock.tasks.settings import Settings
+
+    redlock = Redlock(["redis://127.0.0.1:1/0"])
+    settings = Settings(nodes=("redis://127.0.0.1:1/0",))
+    assert (redlock.default_ttl, redlock.node_timeout) == (60.0, 0.05)
+    assert (settings.default_ttl, settings.node_timeout) == (60.0, 0.05)
+    assert redlock.lock("k").ttl == 60.0
