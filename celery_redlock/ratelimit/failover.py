@@ -1,4 +1,4 @@
-"""Which Redis the limiter asks, and what it tells the log when one stops or starts answering.
+"""Which Redis the limiter asks, how, and what it tells the log when one stops or starts answering.
 
 A limiter has a primary Redis and, optionally, a fallback. Each decision goes
 to the first of them that is answering; a node that fails is marked down and
@@ -16,10 +16,14 @@ import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import ResponseError
 
 from .. import _clock
+from ..errors import RateLimiterUnavailable
 from ..transport.failure_text import detail
-from ..transport.nodes import Node
+from ..transport.nodes import Call, Command, Node, NodeFailure, fan_out
 
 __all__ = ["NodeStatus", "Routes", "logger"]
 
@@ -74,6 +78,7 @@ class Routes:
         roles = ("primary", "fallback")
         self._routes = [_Route(node, role) for node, role in zip(nodes, roles, strict=False)]
         self._retry_interval = retry_interval
+        self._timeout = node_timeout
         self._slow = node_timeout / 2
         self._when_down = when_down
         self._lock = threading.Lock()
@@ -140,6 +145,67 @@ class Routes:
                 )
                 for route in self._routes
             ]
+
+    def everywhere(self, call: Call | Command, key: str) -> list[Any]:
+        """Run ``call`` on every node; raise if any made no answer, after the rest did."""
+        nodes = self.nodes
+        results = fan_out(nodes, [(call,)] * len(nodes), self._timeout)
+        failures: list[tuple[str, BaseException]] = []
+        replies = []
+        for node, result in zip(nodes, results, strict=True):
+            if isinstance(result, NodeFailure):
+                failures.append((node.name, result))
+            elif isinstance(result[0], ResponseError):
+                failures.append((node.name, result[0]))
+            else:
+                replies.append(result[0])
+        if failures:
+            raise self.unavailable([key], failures, done=len(replies))
+        return replies
+
+    def read(self, commands: tuple[Call | Command, ...], key: str) -> list[Any]:
+        """Run read-only ``commands`` on the node that decides now (not failing open)."""
+        failures: list[tuple[str, BaseException]] = []
+        for route in self.candidates():
+            began = _clock.monotonic()
+            (result,) = fan_out((route.node,), (commands,), self._timeout)
+            if isinstance(result, NodeFailure):
+                self.failed(route, result, _clock.monotonic() - began)
+                failures.append((route.node.name, result))
+                continue
+            for reply in result:
+                if isinstance(reply, ResponseError):
+                    raise self.unavailable([key], [(route.node.name, reply)]) from reply
+            self.succeeded(route)
+            return list(result)
+        raise self.unavailable([key], failures)
+
+    def unavailable(
+        self, keys: Sequence[str], failures: Sequence[tuple[str, BaseException]], done: int = 0
+    ) -> RateLimiterUnavailable:
+        """The error for ``keys`` left undecided: each node's failure, or why none was asked."""
+        shown = ", ".join(map(repr, keys))
+        if failures:
+            details = "; ".join(f"Redis at {name}: {detail(error)}" for name, error in failures)
+            node = failures[0][0]
+        else:
+            down = [status for status in self.status() if not status.answering]
+            details = "; ".join(
+                f"Redis at {status.node} timed out {status.down_for or 0.0:.1f} s ago "
+                f"({status.error}) and is asked again within {self._retry_interval:g} s"
+                for status in down
+            )
+            node = down[0].node if down else ""
+        also = f" (done on the {done} other node(s))" if done else ""
+        error = RateLimiterUnavailable(
+            f"rate limiter: no decision for key(s) {shown}{also}: {details}; check that the "
+            "server is up and reachable, or raise node_timeout if it is only slow",
+            key=keys[0] if keys else "",
+            node=node,
+        )
+        if failures:
+            error.__cause__ = failures[-1][1]
+        return error
 
     def _consequence(self, route: _Route) -> str:
         later = self._routes[self._routes.index(route) + 1 :]

@@ -13,8 +13,7 @@ from .. import _clock
 from .._layout import RATE_PREFIX, RateKeys
 from .._scripts import load
 from .._validators import MAX_NODE_TIMEOUT, MIN_NODE_TIMEOUT, positive_int, seconds
-from ..errors import ConfigurationError, RateLimiterUnavailable
-from ..transport.failure_text import detail
+from ..errors import ConfigurationError
 from ..transport.nodes import Call, Command, Node, NodeFailure, fan_out
 from .algorithms import ALGORITHMS, DEFAULT_ALGORITHM, Algorithm, check_algorithm
 from .decision import RateLimitDecision, from_reply, unchecked
@@ -213,7 +212,7 @@ class RateLimiter:
             check_budget(budget)
         names = [self._keys.state(key, name, budget) for name in ALGORITHMS]
         names += [self._keys.pace(key, name, budget) for name in ALGORITHMS if name != "gcra"]
-        self._everywhere(Command(("UNLINK", *names)), key)
+        self._routes.everywhere(Command(("UNLINK", *names)), key)
 
     def set_override(self, key: str, rate: Any, *, ttl: float) -> RateOverride:
         """Make ``rate`` the limit of ``key`` for ``ttl`` seconds, in every process at once.
@@ -235,7 +234,7 @@ class RateLimiter:
             (self._keys.override(key),),
             (number_text(parsed.limit), number_text(micros(parsed.period)), text, ttl_ms),
         )
-        self._everywhere(call, key)
+        self._routes.everywhere(call, key)
         return RateOverride(key=key, rate=parsed, text=text, ttl=ttl_ms / 1000)
 
     def clear_override(self, key: str) -> bool:
@@ -246,7 +245,7 @@ class RateLimiter:
             limiter.clear_override("api:acme")
         """
         check_key(key)
-        replies = self._everywhere(Command(("DEL", self._keys.override(key))), key)
+        replies = self._routes.everywhere(Command(("DEL", self._keys.override(key))), key)
         return any(reply == 1 for reply in replies)
 
     def get_override(self, key: str) -> RateOverride | None:
@@ -256,7 +255,7 @@ class RateLimiter:
         """
         check_key(key)
         name = self._keys.override(key)
-        fields, pttl = self._read(
+        fields, pttl = self._routes.read(
             (Command(("HMGET", name, "limit", "period_us", "text")), Command(("PTTL", name))), key
         )
         return override_from_reply(key, fields, pttl)
@@ -270,7 +269,7 @@ class RateLimiter:
         cursor = 0
         pattern = self._keys.override_pattern()
         while True:
-            (reply,) = self._read(
+            (reply,) = self._routes.read(
                 (Command(("SCAN", cursor, "MATCH", pattern, "COUNT", _SCAN_COUNT)),), "*"
             )
             cursor, names = int(reply[0]), reply[1]
@@ -318,7 +317,7 @@ class RateLimiter:
             ),
             (pause_us, 1 if adapt else 0, *resolved.script_args(), self._margin_us),
         )
-        (reply,) = self._read((call,), resolved.key)
+        (reply,) = self._routes.read((call,), resolved.key)
         paused_us, lowered, in_force, refused_rate = reply
         period = resolved.rate.period
         return Backoff(
@@ -343,13 +342,13 @@ class RateLimiter:
             (self._keys.backoff(key), self._keys.state(key, "fixed"), self._keys.override(key)),
             (self._pause_us(seconds), 0, "fixed", 1, 1_000_000, 0),
         )
-        (reply,) = self._read((call,), key)
+        (reply,) = self._routes.read((call,), key)
         return Backoff(key=key, paused_for=reply[0] / 1e6)
 
     def resume(self, key: str) -> bool:
         """End the pause of ``key`` now; true if it was paused. An adaptive rate stays."""
         check_key(key)
-        (removed,) = self._read(
+        (removed,) = self._routes.read(
             (Command(("HDEL", self._keys.backoff(key), "paused_until_us")),), key
         )
         return bool(removed)
@@ -358,7 +357,7 @@ class RateLimiter:
         """The pause and the learned rate of ``key`` (:meth:`Backoff.in_force`), or ``None``."""
         check_key(key)
         name = self._keys.backoff(key)
-        fields, pttl, now = self._read(
+        fields, pttl, now = self._routes.read(
             (
                 Command(("HMGET", name, "paused_until_us", "learned", "since_us", "peak")),
                 Command(("PTTL", name)),
@@ -434,7 +433,7 @@ class RateLimiter:
             failures.append((route.node.name, failure))
         if self.on_unavailable == "allow":
             return unchecked(resolved)
-        raise self._unavailable([limit.key for limit in resolved], failures)
+        raise self._routes.unavailable([limit.key for limit in resolved], failures)
 
     def _call(self, resolved: Sequence[Resolved], cost: int, consume: bool) -> Call:
         keys: list[str] = []
@@ -449,66 +448,6 @@ class RateLimiter:
             )
             args += limit.script_args()
         return Call(_HIT, tuple(keys), tuple(args))
-
-    def _everywhere(self, call: Call | Command, key: str) -> list[Any]:
-        """Run ``call`` on every node; raise if any made no answer, after the rest did."""
-        nodes = self._routes.nodes
-        results = fan_out(nodes, [(call,)] * len(nodes), self.node_timeout)
-        failures: list[tuple[str, BaseException]] = []
-        replies = []
-        for node, result in zip(nodes, results, strict=True):
-            if isinstance(result, NodeFailure):
-                failures.append((node.name, result))
-            elif isinstance(result[0], ResponseError):
-                failures.append((node.name, result[0]))
-            else:
-                replies.append(result[0])
-        if failures:
-            raise self._unavailable([key], failures, done=len(replies))
-        return replies
-
-    def _read(self, commands: tuple[Call | Command, ...], key: str) -> list[Any]:
-        """Run read-only ``commands`` on the node that decides now (not failing open)."""
-        failures: list[tuple[str, BaseException]] = []
-        for route in self._routes.candidates():
-            began = _clock.monotonic()
-            (result,) = fan_out((route.node,), (commands,), self.node_timeout)
-            if isinstance(result, NodeFailure):
-                self._routes.failed(route, result, _clock.monotonic() - began)
-                failures.append((route.node.name, result))
-                continue
-            for reply in result:
-                if isinstance(reply, ResponseError):
-                    raise self._unavailable([key], [(route.node.name, reply)]) from reply
-            self._routes.succeeded(route)
-            return list(result)
-        raise self._unavailable([key], failures)
-
-    def _unavailable(
-        self, keys: Sequence[str], failures: Sequence[tuple[str, BaseException]], done: int = 0
-    ) -> RateLimiterUnavailable:
-        shown = ", ".join(map(repr, keys))
-        if failures:
-            details = "; ".join(f"Redis at {name}: {detail(error)}" for name, error in failures)
-            node = failures[0][0]
-        else:
-            down = [status for status in self._routes.status() if not status.answering]
-            details = "; ".join(
-                f"Redis at {status.node} timed out {status.down_for or 0.0:.1f} s ago "
-                f"({status.error}) and is asked again within {self.retry_interval:g} s"
-                for status in down
-            )
-            node = down[0].node if down else ""
-        also = f" (done on the {done} other node(s))" if done else ""
-        error = RateLimiterUnavailable(
-            f"rate limiter: no decision for key(s) {shown}{also}: {details}; check that the "
-            "server is up and reachable, or raise node_timeout if it is only slow",
-            key=keys[0] if keys else "",
-            node=node,
-        )
-        if failures:
-            error.__cause__ = failures[-1][1]
-        return error
 
 
 def _make_node(client_or_url: Any, timeout: float, option: str) -> Node:
