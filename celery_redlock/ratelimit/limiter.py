@@ -19,13 +19,17 @@ from .algorithms import ALGORITHMS, DEFAULT_ALGORITHM, Algorithm, check_algorith
 from .decision import RateLimitDecision, from_reply, unchecked
 from .failover import NodeStatus, Routes
 from .limit import LimitLike, Resolved, check_budget, check_key, from_call, number_text, resolve
-from .rate_overrides import (
-    MAX_PAUSE,
+from .rate_overrides import (  # the operations behind the methods of the same names
     Backoff,
     RateOverride,
-    backoff_from_reply,
-    check_override,
-    override_from_reply,
+    clear_override,
+    get_backoff,
+    get_override,
+    overrides,
+    pause,
+    refused,
+    resume,
+    set_override,
 )
 from .rates import RateSpec, micros
 
@@ -35,10 +39,7 @@ __all__ = ["OnUnavailable", "RateLimiter"]
 OnUnavailable = Literal["raise", "allow"]
 
 _HIT = load("ratelimit_hit")
-_SET_OVERRIDE = load("ratelimit_override")
-_REFUSED = load("ratelimit_refused")
 _MAX_MARGIN = 60.0
-_SCAN_COUNT = 1000
 
 
 class RateLimiter:
@@ -227,15 +228,7 @@ class RateLimiter:
 
             limiter.set_override("api:acme", "200/m", ttl=7 * 86400)
         """
-        check_key(key)
-        parsed, text, ttl_ms = check_override(rate, ttl)
-        call = Call(
-            _SET_OVERRIDE,
-            (self._keys.override(key),),
-            (number_text(parsed.limit), number_text(micros(parsed.period)), text, ttl_ms),
-        )
-        self._routes.everywhere(call, key)
-        return RateOverride(key=key, rate=parsed, text=text, ttl=ttl_ms / 1000)
+        return set_override(self._routes, self._keys, key, rate, ttl)
 
     def clear_override(self, key: str) -> bool:
         """Remove the override of ``key`` everywhere; true if there was one.
@@ -244,47 +237,21 @@ class RateLimiter:
 
             limiter.clear_override("api:acme")
         """
-        check_key(key)
-        replies = self._routes.everywhere(Command(("DEL", self._keys.override(key))), key)
-        return any(reply == 1 for reply in replies)
+        return clear_override(self._routes, self._keys, key)
 
     def get_override(self, key: str) -> RateOverride | None:
         """The override in force for ``key``, or ``None``.
 
         Read from the Redis that decides now (the primary unless it is down).
         """
-        check_key(key)
-        name = self._keys.override(key)
-        fields, pttl = self._routes.read(
-            (Command(("HMGET", name, "limit", "period_us", "text")), Command(("PTTL", name))), key
-        )
-        return override_from_reply(key, fields, pttl)
+        return get_override(self._routes, self._keys, key)
 
     def overrides(self) -> list[RateOverride]:
         """Every override in force, sorted by key (for ``check`` and admin tools).
 
         Read from the Redis that decides now, with ``SCAN`` (it does not block the server).
         """
-        found: list[str] = []
-        cursor = 0
-        pattern = self._keys.override_pattern()
-        while True:
-            (reply,) = self._routes.read(
-                (Command(("SCAN", cursor, "MATCH", pattern, "COUNT", _SCAN_COUNT)),), "*"
-            )
-            cursor, names = int(reply[0]), reply[1]
-            for raw in names:
-                key = self._keys.override_key_name(raw.decode("utf-8", "replace"))
-                if key is not None:
-                    found.append(key)
-            if cursor == 0:
-                break
-        result = []
-        for key in sorted(set(found)):
-            override = self.get_override(key)
-            if override is not None:
-                result.append(override)
-        return result
+        return overrides(self._routes, self._keys)
 
     # -- what the service behind a limit said ------------------------------------
 
@@ -305,28 +272,8 @@ class RateLimiter:
             if response.status_code == 429:
                 limiter.refused(("shopify:acme", "40/s"), retry_after=2.0, adapt=True)
         """
-        (resolved,) = resolve(from_call([limit], None, None, None), 1, self.algorithm)
-        pause_us = -1 if retry_after is None else self._pause_us(retry_after)
-        keys = self._keys
-        call = Call(
-            _REFUSED,
-            (
-                keys.backoff(resolved.key),
-                keys.state(resolved.key, resolved.algorithm),
-                keys.override(resolved.key),
-            ),
-            (pause_us, 1 if adapt else 0, *resolved.script_args(), self._margin_us),
-        )
-        (reply,) = self._routes.read((call,), resolved.key)
-        paused_us, lowered, in_force, refused_rate = reply
-        period = resolved.rate.period
-        return Backoff(
-            key=resolved.key,
-            paused_for=paused_us / 1e6,
-            learned=float(in_force) / period if lowered else None,
-            since=0.0 if lowered else None,
-            lowered=lowered == 1,
-            peak=float(refused_rate) / period if lowered else None,
+        return refused(
+            self._routes, self._keys, limit, retry_after, adapt, self.algorithm, self._margin_us
         )
 
     def pause(self, key: str, seconds: float) -> Backoff:
@@ -336,39 +283,15 @@ class RateLimiter:
 
             limiter.pause("shopify:acme", 30.0)
         """
-        check_key(key)
-        call = Call(
-            _REFUSED,
-            (self._keys.backoff(key), self._keys.state(key, "fixed"), self._keys.override(key)),
-            (self._pause_us(seconds), 0, "fixed", 1, 1_000_000, 0),
-        )
-        (reply,) = self._routes.read((call,), key)
-        return Backoff(key=key, paused_for=reply[0] / 1e6)
+        return pause(self._routes, self._keys, key, seconds)
 
     def resume(self, key: str) -> bool:
         """End the pause of ``key`` now; true if it was paused. An adaptive rate stays."""
-        check_key(key)
-        (removed,) = self._routes.read(
-            (Command(("HDEL", self._keys.backoff(key), "paused_until_us")),), key
-        )
-        return bool(removed)
+        return resume(self._routes, self._keys, key)
 
     def get_backoff(self, key: str) -> Backoff | None:
         """The pause and the learned rate of ``key`` (:meth:`Backoff.in_force`), or ``None``."""
-        check_key(key)
-        name = self._keys.backoff(key)
-        fields, pttl, now = self._routes.read(
-            (
-                Command(("HMGET", name, "paused_until_us", "learned", "since_us", "peak")),
-                Command(("PTTL", name)),
-                Command(("TIME",)),
-            ),
-            key,
-        )
-        return backoff_from_reply(key, fields, pttl, int(now[0]) * 1e6 + int(now[1]))
-
-    def _pause_us(self, seconds_: Any) -> int:
-        return round(micros(seconds(seconds_, "retry_after", allow_zero=True, maximum=MAX_PAUSE)))
+        return get_backoff(self._routes, self._keys, key)
 
     def status(self) -> list[NodeStatus]:
         """Each Redis of the limiter and whether it answers, as this process last found it."""

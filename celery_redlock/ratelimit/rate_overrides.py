@@ -41,8 +41,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._clock import to_ms
+from .._layout import RateKeys
+from .._scripts import load
 from .._validators import seconds
 from ..errors import ConfigurationError
+from ..transport.nodes import Call, Command
+from .algorithms import Algorithm
+from .failover import Routes
+from .limit import LimitLike, check_key, from_call, number_text, resolve
 from .rates import Rate, micros, parse_rate
 
 __all__ = [
@@ -55,11 +61,20 @@ __all__ = [
     "RECOVER",
     "Backoff",
     "RateOverride",
-    "backoff_from_reply",
-    "check_override",
+    "clear_override",
+    "get_backoff",
+    "get_override",
     "lowered",
-    "override_from_reply",
+    "overrides",
+    "pause",
+    "refused",
+    "resume",
+    "set_override",
 ]
+
+_SET_OVERRIDE = load("ratelimit_override")
+_REFUSED = load("ratelimit_refused")
+_SCAN_COUNT = 1000
 
 #: The longest an override lasts, seconds (366 days).
 MAX_OVERRIDE_TTL = 366 * 86400.0
@@ -92,47 +107,6 @@ class RateOverride:
     rate: Rate
     text: str
     ttl: float
-
-
-def check_override(rate: Any, ttl: Any) -> tuple[Rate, str, int]:
-    """The override's rate, its text and its ttl in ms; ConfigurationError if either is bad.
-
-    An override must suit every algorithm, since any may use the key: its
-    period is whole milliseconds (fixed windows) and it allows at most
-    10,000 units per second (gcra).
-    """
-    parsed = parse_rate(rate, option="rate")
-    if micros(parsed.period) % 1000:
-        raise ConfigurationError(
-            f"rate: an override's period must be whole milliseconds, got {parsed.period!r} s",
-            option="rate",
-        )
-    if parsed.interval < 0.0001:
-        raise ConfigurationError(
-            f"rate: an override may allow at most 10,000 units per second, got {parsed}",
-            option="rate",
-        )
-    try:
-        ttl = seconds(ttl, "ttl", minimum=0.001, maximum=MAX_OVERRIDE_TTL)
-    except ConfigurationError as exc:
-        raise ConfigurationError(
-            "ttl",
-            f"{exc.problem} (an override lasts from 0.001 s to 366 days; set it again to "
-            "keep it longer)",
-        ) from None
-    text = rate if isinstance(rate, str) else str(parsed)
-    return parsed, text.strip()[:256], to_ms(ttl)
-
-
-def override_from_reply(key: str, fields: Any, pttl: Any) -> RateOverride | None:
-    """Read ``HMGET limit period_us text`` and ``PTTL`` replies; ``None`` when there is none."""
-    limit_text, period_text, text = fields
-    if limit_text is None or period_text is None or not isinstance(pttl, int) or pttl < 0:
-        return None
-    limit = float(limit_text)
-    rate = Rate(limit=int(limit) if limit.is_integer() else limit, period=float(period_text) / 1e6)
-    shown = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(rate)
-    return RateOverride(key=key, rate=rate, text=shown, ttl=pttl / 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,11 +158,163 @@ def lowered(ceiling: Rate, in_force: float, admitted: float | None = None) -> tu
     return refused, max(FLOOR * ceiling.limit, DECREASE * refused)
 
 
-def backoff_from_reply(key: str, fields: Any, pttl: Any, now_us: float) -> Backoff | None:
-    """Read ``HMGET paused_until_us learned since_us peak``, ``PTTL`` and the server's time."""
+# -- the operations of RateLimiter's methods of the same names, on its Redis and key layout
+
+
+def set_override(routes: Routes, keys: RateKeys, key: str, rate: Any, ttl: Any) -> RateOverride:
+    """Write the override on every node; ConfigurationError if ``rate`` or ``ttl`` is bad.
+
+    An override must suit every algorithm, since any may use the key: its
+    period is whole milliseconds (fixed windows) and it allows at most
+    10,000 units per second (gcra).
+    """
+    check_key(key)
+    parsed = parse_rate(rate, option="rate")
+    if micros(parsed.period) % 1000:
+        raise ConfigurationError(
+            f"rate: an override's period must be whole milliseconds, got {parsed.period!r} s",
+            option="rate",
+        )
+    if parsed.interval < 0.0001:
+        raise ConfigurationError(
+            f"rate: an override may allow at most 10,000 units per second, got {parsed}",
+            option="rate",
+        )
+    try:
+        ttl = seconds(ttl, "ttl", minimum=0.001, maximum=MAX_OVERRIDE_TTL)
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            "ttl",
+            f"{exc.problem} (an override lasts from 0.001 s to 366 days; set it again to "
+            "keep it longer)",
+        ) from None
+    text = (rate if isinstance(rate, str) else str(parsed)).strip()[:256]
+    ttl_ms = to_ms(ttl)
+    call = Call(
+        _SET_OVERRIDE,
+        (keys.override(key),),
+        (number_text(parsed.limit), number_text(micros(parsed.period)), text, ttl_ms),
+    )
+    routes.everywhere(call, key)
+    return RateOverride(key=key, rate=parsed, text=text, ttl=ttl_ms / 1000)
+
+
+def clear_override(routes: Routes, keys: RateKeys, key: str) -> bool:
+    """Delete the override on every node; true if one had it."""
+    check_key(key)
+    replies = routes.everywhere(Command(("DEL", keys.override(key))), key)
+    return any(reply == 1 for reply in replies)
+
+
+def get_override(routes: Routes, keys: RateKeys, key: str) -> RateOverride | None:
+    """The override on the node that decides now; ``None`` when there is none."""
+    check_key(key)
+    name = keys.override(key)
+    fields, pttl = routes.read(
+        (Command(("HMGET", name, "limit", "period_us", "text")), Command(("PTTL", name))), key
+    )
+    limit_text, period_text, text = fields
+    if limit_text is None or period_text is None or not isinstance(pttl, int) or pttl < 0:
+        return None
+    limit = float(limit_text)
+    rate = Rate(limit=int(limit) if limit.is_integer() else limit, period=float(period_text) / 1e6)
+    shown = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(rate)
+    return RateOverride(key=key, rate=rate, text=shown, ttl=pttl / 1000)
+
+
+def overrides(routes: Routes, keys: RateKeys) -> list[RateOverride]:
+    """Every override on the node that decides now, found with ``SCAN``, sorted by key."""
+    found: list[str] = []
+    cursor = 0
+    pattern = keys.override_pattern()
+    while True:
+        (reply,) = routes.read(
+            (Command(("SCAN", cursor, "MATCH", pattern, "COUNT", _SCAN_COUNT)),), "*"
+        )
+        cursor, names = int(reply[0]), reply[1]
+        for raw in names:
+            key = keys.override_key_name(raw.decode("utf-8", "replace"))
+            if key is not None:
+                found.append(key)
+        if cursor == 0:
+            break
+    result = []
+    for key in sorted(set(found)):
+        override = get_override(routes, keys, key)
+        if override is not None:
+            result.append(override)
+    return result
+
+
+def refused(
+    routes: Routes,
+    keys: RateKeys,
+    limit: LimitLike,
+    retry_after: float | None,
+    adapt: bool,
+    algorithm: Algorithm,
+    margin_us: str,
+) -> Backoff:
+    """Pause ``limit``'s key and, with ``adapt``, lower its rate, on the node that decides now."""
+    (resolved,) = resolve(from_call([limit], None, None, None), 1, algorithm)
+    pause_us = -1 if retry_after is None else _pause_us(retry_after)
+    call = Call(
+        _REFUSED,
+        (
+            keys.backoff(resolved.key),
+            keys.state(resolved.key, resolved.algorithm),
+            keys.override(resolved.key),
+        ),
+        (pause_us, 1 if adapt else 0, *resolved.script_args(), margin_us),
+    )
+    (reply,) = routes.read((call,), resolved.key)
+    paused_us, was_lowered, in_force, refused_rate = reply
+    period = resolved.rate.period
+    return Backoff(
+        key=resolved.key,
+        paused_for=paused_us / 1e6,
+        learned=float(in_force) / period if was_lowered else None,
+        since=0.0 if was_lowered else None,
+        lowered=was_lowered == 1,
+        peak=float(refused_rate) / period if was_lowered else None,
+    )
+
+
+def pause(routes: Routes, keys: RateKeys, key: str, duration: Any) -> Backoff:
+    """Pause ``key`` for ``duration`` seconds on the node that decides now."""
+    check_key(key)
+    call = Call(
+        _REFUSED,
+        (keys.backoff(key), keys.state(key, "fixed"), keys.override(key)),
+        (_pause_us(duration), 0, "fixed", 1, 1_000_000, 0),
+    )
+    (reply,) = routes.read((call,), key)
+    return Backoff(key=key, paused_for=reply[0] / 1e6)
+
+
+def resume(routes: Routes, keys: RateKeys, key: str) -> bool:
+    """End the pause of ``key`` on the node that decides now; true if it was paused."""
+    check_key(key)
+    (removed,) = routes.read((Command(("HDEL", keys.backoff(key), "paused_until_us")),), key)
+    return bool(removed)
+
+
+def get_backoff(routes: Routes, keys: RateKeys, key: str) -> Backoff | None:
+    """The backoff of ``key`` on the node that decides now."""
+    check_key(key)
+    name = keys.backoff(key)
+    fields, pttl, now = routes.read(
+        (
+            Command(("HMGET", name, "paused_until_us", "learned", "since_us", "peak")),
+            Command(("PTTL", name)),
+            Command(("TIME",)),
+        ),
+        key,
+    )
     until_text, learned_text, since_text, peak_text = fields
     if not isinstance(pttl, int) or pttl < 0 or (until_text is None and learned_text is None):
         return None
+    now_us = int(now[0]) * 1e6 + int(now[1])
     paused = max(0.0, (float(until_text) - now_us) / 1e6) if until_text is not None else 0.0
     learned = float(learned_text) if learned_text is not None else None
     since = (now_us - float(since_text)) / 1e6 if since_text is not None else None
@@ -196,3 +322,7 @@ def backoff_from_reply(key: str, fields: Any, pttl: Any, now_us: float) -> Backo
     return Backoff(
         key=key, paused_for=paused, learned=learned, since=since, ttl=pttl / 1000, peak=peak
     )
+
+
+def _pause_us(duration: Any) -> int:
+    return round(micros(seconds(duration, "retry_after", allow_zero=True, maximum=MAX_PAUSE)))

@@ -145,10 +145,6 @@ def test_every_import_inside_a_function_is_listed_with_its_reason() -> None:
 #: A module that grows past the limit is split by job, or listed here.
 LONG = 400
 LONG_MODULES = {
-    "celery_redlock.ratelimit.limiter": (
-        "one job, the RateLimiter class: its public methods each decide, read or change "
-        "state through one script call and one fail-over path"
-    ),
     "celery_redlock.admin.rate_limits": (
         "one job, rate limits as data for the admin API: views, task limits and their "
         "use, with their JSON forms"
