@@ -15,10 +15,9 @@ import click
 
 from ..admin import LimitUse
 from ..errors import ConfigurationError, RateLimiterUnavailable
-from ..ratelimit import Algorithm
+from ..ratelimit import ALGORITHMS, Algorithm
 from ..ratelimit.rates import Rate, parse_rate
 from ..tasks.features.rate_limit import PUBLISH_BUDGET
-from ..tasks.options import ALGORITHMS
 from .session import BadConfiguration, Session, duration, json_option, table
 
 __all__ = ["limits"]

@@ -8,7 +8,7 @@ Their guarantees are described in :mod:`celery_redlock.ratelimit` and
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from ..errors import ConfigurationError
 from .rates import Rate, micros
@@ -23,14 +23,14 @@ __all__ = [
     "rate_problem_for",
 ]
 
-#: The algorithms a limit can use.
+#: The algorithms a limit can use, the default first.
 Algorithm = Literal["sliding", "gcra", "fixed"]
 
-#: Every algorithm, the default first.
-ALGORITHMS: tuple[Algorithm, ...] = ("sliding", "gcra", "fixed")
+#: Every algorithm, in that order.
+ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
 
 #: Used when neither the call nor the limiter names one.
-DEFAULT_ALGORITHM: Algorithm = "sliding"
+DEFAULT_ALGORITHM: Algorithm = ALGORITHMS[0]
 
 #: The shortest interval between two units gcra spaces, seconds. The server
 #: clock counts microseconds, so an admission can come up to 1 µs after its

@@ -39,18 +39,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, get_args
+from typing import Any
 
 from .._validators import MAX_TTL
 from ..errors import ConfigurationError
-from ..ratelimit import Algorithm
+from ..ratelimit import ALGORITHMS, DEFAULT_ALGORITHM
 from . import setting_checks as check
 from .misspelling import LONG_NAME, closest, normal, resembles
 from .other_library_options import PEER_OPTIONS
 from .other_library_options import hint as peer_hint
 
 __all__ = [
-    "ALGORITHMS",
     "BUSY_ACTIONS",
     "DUPLICATE_ACTIONS",
     "OPTION_NAMES",
@@ -74,8 +73,6 @@ DUPLICATE_ACTIONS = ("return", "raise")
 SINGLETON_MODES = ("one", "queued")
 #: ``on_rate_limited`` values; the first is the default.
 RATE_LIMITED_ACTIONS = ("retry", "skip", "raise")
-#: ``rate_limit_algorithm`` values, as the rate limiter names them; the first is the default.
-ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
 
 
 @dataclass(frozen=True)
@@ -152,7 +149,7 @@ TASK_OPTIONS: tuple[TaskOption, ...] = (
         "rate_limit_algorithm",
         "rate",
         partial(check.choice, choices=ALGORITHMS),
-        ALGORITHMS[0],
+        DEFAULT_ALGORITHM,
         needs="global_rate_limit",
     ),
     TaskOption("rate_limit_cost", "rate", check.cost, 1, needs="global_rate_limit"),

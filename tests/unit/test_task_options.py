@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from functools import partial
 from typing import Any
 
 import pytest
@@ -53,7 +54,12 @@ class TestTheOptionList:
         assert all(option.setting in config.SETTING_NAMES for option in with_setting)
 
     def test_rate_algorithms_are_the_rate_limiters(self) -> None:
-        assert options.ALGORITHMS == ("sliding", "gcra", "fixed")
+        (option,) = [
+            option for option in options.TASK_OPTIONS if option.name == "rate_limit_algorithm"
+        ]
+        assert isinstance(option.check, partial)
+        assert option.check.keywords["choices"] == ("sliding", "gcra", "fixed")
+        assert option.default == "sliding"
 
     def test_read_fills_every_option(self) -> None:
         values = options.read("t", {"lock_ttl": 5})
