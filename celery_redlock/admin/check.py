@@ -18,7 +18,7 @@ from .. import _clock
 from .._validators import check_ttl
 from ..errors import ConfigurationError, RateLimiterUnavailable
 from ..tasks.policies import TaskPolicy
-from ..tasks.settings import DEFAULT_NODE, Settings, in_user_terms, node_fallback, unknown_settings
+from ..tasks.settings import Settings, in_user_terms, node_fallback, unknown_settings
 from ..tasks.task_table import check_entry, entry_policy, unknown_task
 from .node_health import NodeHealth
 
@@ -150,14 +150,10 @@ def run_check(admin: Admin) -> CheckReport:
 def conf_findings(conf: Any) -> list[Finding]:
     """Names in ``app.conf`` meant for celery_redlock but never read; the fallback node."""
     found = [Finding("error", problem) for problem in unknown_settings(conf)]
-    if node_fallback(conf):
-        found.append(
-            Finding(
-                "warning",
-                f"redlock_nodes is not set and the broker is not Redis: locks go to "
-                f"{DEFAULT_NODE}; set redlock_nodes to your lock nodes",
-            )
-        )
+    node = node_fallback(conf)
+    if node is not None:
+        problem = f"redlock_nodes is not set and the broker is not Redis: locks go to {node}"
+        found.append(Finding("warning", f"{problem}; set redlock_nodes to your lock nodes"))
     return found
 
 

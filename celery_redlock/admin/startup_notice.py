@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import RedlockError
-from ..tasks.settings import DEFAULT_NODE, node_fallback, unknown_settings
 from ..tasks.task_table import unknown_task
 from . import Admin
+from .check import conf_findings
 
 __all__ = ["PROBE_TIMEOUT", "nodes_line", "notices", "report"]
 
@@ -35,16 +35,14 @@ PROBE_TIMEOUT = 1.0
 
 
 def notices(app: Any, missing_tasks: Sequence[str] = ()) -> list[str]:
-    """The warnings about the app's configuration, without contacting any node."""
-    found = list(unknown_settings(app.conf))
-    if node_fallback(app.conf):
-        found.append(
-            f"redlock_nodes is not set and the broker is not Redis: locks go to {DEFAULT_NODE}; "
-            "set redlock_nodes to your lock nodes"
-        )
+    """The warnings about the app's configuration, without contacting any node.
+
+    Those of ``celery redlock check`` (:func:`.check.conf_findings`), and each
+    ``redlock_tasks`` entry in ``missing_tasks`` whose task no module registered.
+    """
+    found = [finding.message for finding in conf_findings(app.conf)]
     registered = list(app.tasks) if missing_tasks else []
-    found.extend(unknown_task(name, registered) for name in missing_tasks)
-    return found
+    return found + [unknown_task(name, registered) for name in missing_tasks]
 
 
 def report(app: Any, missing_tasks: Sequence[str] = ()) -> None:
