@@ -10,24 +10,25 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from redis.exceptions import RedisError
 
 from .. import _clock
 from .._validators import check_ttl
 from ..errors import ConfigurationError, RateLimiterUnavailable
+from ..lock.redlock import Redlock
+from ..ratelimit import RateLimiter
 from ..tasks.policies import TaskPolicy
 from ..tasks.settings import Settings, in_user_terms, node_fallback, unknown_settings
 from ..tasks.task_table import check_entry, entry_policy, unknown_task
+from .node_access import OpenNode
 from .node_health import NodeHealth
-
-if TYPE_CHECKING:
-    from . import Admin
 
 __all__ = [
     "CLOCK_SPREAD_WARNING_MS",
     "CheckReport",
+    "CheckSubject",
     "Finding",
     "clock_spread",
     "conf_findings",
@@ -41,6 +42,26 @@ __all__ = [
 CLOCK_SPREAD_WARNING_MS = 500.0
 
 Level = Literal["error", "warning", "note"]
+
+
+class CheckSubject(Protocol):
+    """What ``check`` reads of an app: its settings, its nodes and its rate-limit Redis."""
+
+    app: Any
+
+    @property
+    def settings(self) -> Settings:
+        """The app's checked settings."""
+
+    @property
+    def redlock(self) -> Redlock:
+        """A Redlock on the app's lock nodes."""
+
+    def probe(self) -> list[NodeHealth]:
+        """Every lock node's health."""
+
+    def limiter(self) -> tuple[RateLimiter, OpenNode]:
+        """The rate limiter and a plain connection to its Redis (the caller closes it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +143,7 @@ class CheckReport:
         }
 
 
-def run_check(admin: Admin) -> CheckReport:
+def run_check(admin: CheckSubject) -> CheckReport:
     """Probe every node and the rate-limit Redis, and apply every rule.
 
     Raises:
@@ -321,7 +342,7 @@ def clock_spread(nodes: Sequence[NodeHealth]) -> float:
     return round(max(offsets) - min(offsets), 3) if len(offsets) > 1 else 0.0
 
 
-def _rate_limit_health(admin: Admin) -> tuple[dict[str, Any], list[Finding]]:
+def _rate_limit_health(admin: CheckSubject) -> tuple[dict[str, Any], list[Finding]]:
     try:
         limiter, node = admin.limiter()
     except ConfigurationError as exc:
