@@ -1,6 +1,8 @@
-"""What a worker says about celery_redlock when it starts, on the ``celery_redlock.startup`` logger.
+"""A worker's start-up: the bootstep that checks the settings, and what it says about them.
 
-Once per worker, from the start-up bootstep, in the worker's main process:
+:class:`RedlockStartupCheck` is added by name by ``setup(app)`` and every
+``LockedTask``. Once per worker, in its main process, it logs on the
+``celery_redlock.startup`` logger:
 
 - INFO ``celery_redlock: 3 lock nodes, quorum 2: redis://r1:6379/0 ok, ...``,
   or the same at WARNING when a node does not answer, with ``quorum NOT
@@ -20,12 +22,18 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import RedlockError
-from ..tasks.task_table import unknown_task
+from celery import bootsteps
+
+from ..errors import ConfigurationError, RedlockError
+from ..tasks.app_setup import connect_cleanup
+from ..tasks.app_setup import logger as setup_logger
+from ..tasks.app_state import enabled_for, policy_for, settings_for
+from ..tasks.settings import in_user_terms
+from ..tasks.task_table import StartupRefused, apply_entries, unknown_task, watch_registrations
 from . import Admin
 from .check import conf_findings
 
-__all__ = ["PROBE_TIMEOUT", "nodes_line", "notices", "report"]
+__all__ = ["PROBE_TIMEOUT", "RedlockStartupCheck", "nodes_line", "notices", "report"]
 
 logger = logging.getLogger("celery_redlock.startup")
 
@@ -73,3 +81,43 @@ def nodes_line(admin: Admin) -> tuple[int, str]:
         f"{count}: {states}; quorum NOT reachable ({answered} of {len(health)} answer, "
         f"{quorum} needed): LockedTasks are re-queued until a majority answers"
     )
+
+
+class RedlockStartupCheck(bootsteps.Step):  # type: ignore[misc]
+    """Worker bootstep: refuse to start with bad settings; connect the cleanup; report.
+
+    Checks the ``redlock_*`` settings (node URLs and timeouts), applies
+    ``redlock_tasks`` and resolves every task's options against the
+    settings (a lock ttl too short for ``redlock_node_timeout`` is refused
+    here, once, not at each run). Then logs what the worker runs with
+    (:func:`report`): the nodes and whether a quorum answers, unknown
+    ``redlock_*`` settings, a fallback to the default node, and
+    ``redlock_tasks`` entries whose task is still unknown.
+    """
+
+    name = "celery_redlock startup check"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        try:
+            self._check(parent.app)
+        except ConfigurationError as exc:
+            raise StartupRefused(in_user_terms(parent.app.conf, exc)) from None
+
+    def _check(self, app: Any) -> None:
+        error = getattr(app, "_redlock_setup_error", None)
+        if error is not None:
+            raise error
+        settings_for(app).make_redlock().close()  # node URLs and timeouts; connects nowhere
+        watch_registrations(app)
+        missing = apply_entries(app)
+        for task in app.tasks.values():
+            policy_for(task)
+        if not enabled_for(app):
+            setup_logger.warning(
+                "redlock_enabled is False: LockedTasks run as plain tasks, without locks, "
+                "singletons or global rate limits, and no lock node is contacted"
+            )
+            return
+        connect_cleanup()
+        report(app, missing_tasks=missing)

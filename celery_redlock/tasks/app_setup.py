@@ -14,10 +14,11 @@ This module is all the app wiring there is:
   app's tasks, in workers and in publishers alike: to those registered when
   the app is finalized (the finalize hook), and to each task registered
   after that as it is registered, whatever the order of imports.
-- :class:`RedlockStartupCheck`, a worker bootstep added by :func:`setup` and
-  by every ``LockedTask``, refuses to start a worker with bad settings or
-  task options, connects the main-process cleanup, and has the worker say
-  how it is set up (:mod:`..admin.startup_notice`).
+- :func:`setup` and every ``LockedTask`` add the worker bootstep that refuses
+  to start a worker with bad settings or task options, connects the
+  main-process cleanup, and has the worker say how it is set up
+  (:class:`celery_redlock.admin.startup_notice.RedlockStartupCheck`, named by
+  its import path: nothing here imports the operator tools).
 - The cleanup receivers free the locks of task processes that died (a hard
   time limit, ``revoke(terminate=True)``, a crashed pool process) and their
   concurrency slots by the owner's task id, instead of leaving them until
@@ -32,22 +33,20 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import bootsteps
 from celery import signals as celery_signals
 
 from .._layout import QUEUED
 from ..errors import ConfigurationError
-from .app_state import enabled_for, policy_for, redlock_for, settings_for
+from .app_state import enabled_for, policy_for, redlock_for
 from .call_overrides import guard_send_task
 from .features.redelivery import delivery_name, mark_ended
+from .locked_task import STARTUP_STEP
 from .policies import TaskPolicy
 from .publish import watch_beat
 from .settings import Settings, in_user_terms
-from .task_table import StartupRefused, apply_entries, check_entries, watch_registrations
+from .task_table import apply_entries, check_entries, watch_registrations
 
 __all__ = [
-    "RedlockStartupCheck",
-    "StartupRefused",
     "connect_cleanup",
     "free_by_owner",
     "request_owner",
@@ -70,7 +69,7 @@ def setup(app: Any) -> None:
         app.conf.redlock_tasks = {"reports.nightly": {"singleton": True}}
         celery_redlock.setup(app)
     """
-    app.steps["worker"].add(RedlockStartupCheck)
+    app.steps["worker"].add(STARTUP_STEP)
     connect_cleanup()
     watch_beat()
     guard_send_task(app)
@@ -109,50 +108,6 @@ def _keep_error(app: Any, exc: ConfigurationError) -> None:
     if getattr(app, "_redlock_setup_error", None) is None:
         app._redlock_setup_error = in_user_terms(app.conf, exc)
         logger.error("celery_redlock configuration error: %s", app._redlock_setup_error)
-
-
-class RedlockStartupCheck(bootsteps.Step):  # type: ignore[misc]
-    """Worker bootstep: refuse to start with bad settings; connect the cleanup; report.
-
-    Checks the ``redlock_*`` settings (node URLs and timeouts), applies
-    ``redlock_tasks`` and resolves every task's options against the
-    settings (a lock ttl too short for ``redlock_node_timeout`` is refused
-    here, once, not at each run). Then logs what the worker runs with
-    (:func:`celery_redlock.admin.startup_notice.report`): the nodes and whether a quorum
-    answers, unknown ``redlock_*`` settings, a fallback to the default node,
-    and ``redlock_tasks`` entries whose task is still unknown.
-    """
-
-    name = "celery_redlock startup check"
-
-    def __init__(self, parent: Any, **kwargs: Any) -> None:
-        super().__init__(parent, **kwargs)
-        try:
-            self._check(parent.app)
-        except ConfigurationError as exc:
-            raise StartupRefused(in_user_terms(parent.app.conf, exc)) from None
-
-    def _check(self, app: Any) -> None:
-        error = getattr(app, "_redlock_setup_error", None)
-        if error is not None:
-            raise error
-        settings_for(app).make_redlock().close()  # node URLs and timeouts; connects nowhere
-        watch_registrations(app)
-        missing = apply_entries(app)
-        for task in app.tasks.values():
-            policy_for(task)
-        if not enabled_for(app):
-            logger.warning(
-                "redlock_enabled is False: LockedTasks run as plain tasks, without locks, "
-                "singletons or global rate limits, and no lock node is contacted"
-            )
-            return
-        connect_cleanup()
-        from ..admin.startup_notice import (
-            report,  # with the admin API it reads through: workers only
-        )
-
-        report(app, missing_tasks=missing)
 
 
 # -- main-process cleanup ------------------------------------------------------------

@@ -55,11 +55,11 @@ from .run import TaskRun
 
 __all__ = ["LockedTask"]
 
-#: The worker bootstep that checks the settings at start-up and frees the
-#: locks of task processes that died (:class:`celery_redlock.tasks.app_setup.RedlockStartupCheck`).
+#: The worker bootstep that checks the settings at start-up and frees the locks
+#: of task processes that died (:class:`..admin.startup_notice.RedlockStartupCheck`).
 #: Named by its import path, as Celery names the classes it loads, so that the
-#: task class does not import the app wiring, which imports it.
-STARTUP_STEP = "celery_redlock.tasks.app_setup:RedlockStartupCheck"
+#: task class does not import the operator tools, which import it.
+STARTUP_STEP = "celery_redlock.admin.startup_notice:RedlockStartupCheck"
 
 #: Task options Celery reads from the task without declaring them on ``Task``
 #: (``celery.app.autoretry``); Celery fills ``Task.from_config`` names in at bind.

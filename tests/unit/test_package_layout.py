@@ -102,12 +102,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 #: Package imports made inside a function rather than at the top of a module,
 #: and why. The cycle test above counts them too, so none of them may break a
 #: cycle by hiding it from the top of the module: a new one is a decision.
-LAZY_IMPORTS = {
-    ("celery_redlock.tasks.app_setup", "celery_redlock.admin.startup_notice"): (
-        "the start-up report reads through the admin API: loaded by the worker's bootstep "
-        "only, so that a process that only publishes loads no operator tool"
-    ),
-}
+LAZY_IMPORTS: dict[tuple[str, str], str] = {}
 
 
 def lazy_imports() -> set[tuple[str, str]]:
