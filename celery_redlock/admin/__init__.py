@@ -41,15 +41,8 @@ from .locks import (
 )
 from .node_access import NodeClient, OpenNode, lock_nodes, open_node
 from .node_health import NodeHealth, ping, probe
-from .rate_limits import (
-    LimitUse,
-    RateView,
-    TaskRateLimit,
-    rate_overview,
-    rate_view,
-    task_limits,
-    task_uses,
-)
+from .rate_limits import LimitUse, RateView, rate_overview, rate_view, task_uses
+from .task_rate_limits import TaskRateLimit, task_limits
 
 __all__ = [
     "Admin",
