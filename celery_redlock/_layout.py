@@ -370,11 +370,6 @@ class LockValue:
         """
         return LockValue.ending(LockValue.owner_text(task_id, where))
 
-    @staticmethod
-    def task_marker(task_id: str) -> str:
-        """Text every value held for ``task_id`` contains (``|id|``)."""
-        return f"{_SEPARATOR}{task_id}{_SEPARATOR}"
-
 
 #: Longest text of a singleton's arguments kept beside its lock.
 PREVIEW_CHARS = 120
