@@ -62,7 +62,6 @@ __all__ = [
     "done_key",
     "ended_key",
     "fence_bucket",
-    "fence_pattern",
     "glob_escape",
     "lock_keys",
     "lock_name",
@@ -175,11 +174,6 @@ def done_key(prefix: str, task_id: str) -> str:
 def ended_key(prefix: str, task_id: str, where: str) -> str:
     """The key telling that the worker ended the run of ``task_id`` at ``where``."""
     return f"{prefix}ended:{task_id}{_SEPARATOR}{where}"
-
-
-def fence_pattern(prefix: str) -> str:
-    """A ``SCAN MATCH`` pattern for every fencing bucket under ``prefix``."""
-    return f"{glob_escape(prefix)}fence:*"
 
 
 def lock_pattern(prefix: str, name_glob: str) -> str:

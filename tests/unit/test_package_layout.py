@@ -140,10 +140,6 @@ def test_every_import_inside_a_function_is_listed_with_its_reason() -> None:
 #: A module that grows past the limit is split by job, or listed here.
 LONG = 400
 LONG_MODULES = {
-    "celery_redlock._layout": (
-        "one job, the wire format: every Redis key name and the lock value, built and "
-        "parsed in one place"
-    ),
 }
 
 
