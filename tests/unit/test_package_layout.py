@@ -245,12 +245,19 @@ def test_the_fast_tier_starts_no_server_and_no_worker() -> None:
     starters = ("celery_redlock.testing", "tests.support", "tests.worker.support", "subprocess")
     found = {
         (path.name, name)
-        for path in unit.glob("*.py")
+        for path in unit.rglob("*.py")
         for name in runtime_imports_of(path)
         if name.startswith(starters)
     }
     # It runs `python -c "<import line>"` in fresh interpreters: no server, no worker.
     assert found == {("test_import_weight.py", "subprocess")}
+
+
+def test_the_unit_tier_mirrors_the_package_folders() -> None:
+    unit = Path(__file__).parent
+    folders = {path.parent.relative_to(unit) for path in unit.rglob("test_*.py")} - {Path()}
+    assert folders
+    assert sorted(str(folder) for folder in folders if not (PACKAGE / folder).is_dir()) == []
 
 
 def runtime_imports_of(path: Path) -> set[str]:

@@ -229,7 +229,7 @@ def test_debounced_publishes_and_superseded_copies_are_counted(registry):
     assert sample(registry, "celery_redlock_debounce_superseded_total", task="crm.sync") == 1
 
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def codes_in_the_code() -> set[str]:
