@@ -225,8 +225,7 @@ def test_every_import_inside_a_function_is_listed_with_its_reason() -> None:
 #: Modules over :data:`LONG` lines, each with the one job that makes it long.
 #: A module that grows past the limit is split by job, or listed here.
 LONG = 400
-LONG_MODULES = {
-}
+LONG_MODULES = {}
 
 
 def line_counts() -> dict[str, int]:
