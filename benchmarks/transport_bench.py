@@ -15,7 +15,9 @@ The lean fan-out holds one redis-py ``Connection`` per node (per thread),
 sends with ``send_packed_command`` to all, then reads with ``can_read`` and
 ``read_response`` under one shared deadline; it checks idle connections
 before reuse and reloads a script missing from a node's cache, as the
-lock's transport does.
+lock's transport does. Both send the scripts the arguments the lock sends
+(acquire.lua's fencing proposal, release.lua's preview key), and every pair
+is checked: a majority granted the lock and deleted it, or the run stops.
 
 Usage::
 
@@ -42,6 +44,7 @@ from redis.connection import Connection
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from celery_redlock._scripts import load
+from celery_redlock.lock.fencing import ahead_us
 from celery_redlock.transport.commands import Call, NodeFailure
 from celery_redlock.transport.fanout import fan_out
 from celery_redlock.transport.nodes import make_nodes
@@ -49,6 +52,12 @@ from celery_redlock.transport.nodes import make_nodes
 ACQUIRE, RELEASE = load("acquire"), load("release")
 TIMEOUT = 0.05
 TTL_MS, FENCE_MS = 30_000, 3_600_000
+#: The fencing proposal's lead past the nodes' clocks, as the lock's: the node timeout.
+LEAD_US = int(TIMEOUT * 1e6)
+
+
+class PairFailed(RuntimeError):
+    """A pair that did not take and give back the lock on a majority: nothing was measured."""
 
 
 # -- the lean fan-out over redis-py's public connection API ---------------------------------
@@ -112,9 +121,32 @@ class LeanNodes:
 
 
 def calls_for(key: str) -> tuple[Call, Call]:
+    """The lock's acquire and release, with the arguments its scripts take.
+
+    The fencing proposal is this host's clock plus the lead, as the lock's
+    first acquire proposes it: the nodes run on this host, so each one grants
+    and records it.
+    """
     token = secrets.token_hex(16)
-    acquire = Call(ACQUIRE, (key, key + ":fence"), (token, TTL_MS, FENCE_MS, ""))
+    proposal = f"{time.time_ns() // 1000 + LEAD_US} {ahead_us(LEAD_US)}"
+    acquire = Call(ACQUIRE, (key, key + ":fence"), (token, TTL_MS, FENCE_MS, "", proposal))
     return acquire, Call(RELEASE, (key, key + ":args"), (token, ""))
+
+
+def granted(results: Sequence[Any]) -> bool:
+    """Whether a majority granted the lock (acquire.lua's reply ``{1, fence, now_us}``)."""
+    return sum(isinstance(result, list) and result[0] == 1 for result in results) * 2 > len(results)
+
+
+def released(results: Sequence[Any]) -> bool:
+    """Whether a majority deleted the key (release.lua's reply 1)."""
+    return sum(result == 1 for result in results) * 2 > len(results)
+
+
+def checked(acquired: Sequence[Any], gave_back: Sequence[Any]) -> None:
+    """Raise :class:`PairFailed` unless the pair held and released the lock on a majority."""
+    if not granted(acquired) or not released(gave_back):
+        raise PairFailed(f"acquire replies {list(acquired)}, release replies {list(gave_back)}")
 
 
 def lean_pair(urls: Sequence[str]) -> tuple[Callable[[str], None], Callable[[], None]]:
@@ -127,8 +159,7 @@ def lean_pair(urls: Sequence[str]) -> tuple[Callable[[str], None], Callable[[], 
             nodes = local.nodes = LeanNodes(urls, TIMEOUT)
             made.append(nodes)
         acquire, release = calls_for(key)
-        nodes.fan_out([acquire] * len(urls))
-        nodes.fan_out([release] * len(urls))
+        checked(nodes.fan_out([acquire] * len(urls)), nodes.fan_out([release] * len(urls)))
 
     return pair, lambda: [nodes.close() for nodes in made] and None
 
@@ -136,13 +167,30 @@ def lean_pair(urls: Sequence[str]) -> tuple[Callable[[str], None], Callable[[], 
 def own_pair(urls: Sequence[str]) -> tuple[Callable[[str], None], Callable[[], None]]:
     nodes = make_nodes(list(urls), TIMEOUT)
 
-    def majority(results: Sequence[Any]) -> bool:
-        return sum(isinstance(result, list) for result in results) * 2 > len(results)
+    def replies(results: Sequence[Any]) -> list[Any]:
+        """Each node's one reply (a node's result lists its calls' replies), or its failure."""
+        return [result[0] if isinstance(result, list) else result for result in results]
 
     def pair(key: str) -> None:
         acquire, release = calls_for(key)
-        fan_out(nodes, [[acquire]] * len(nodes), TIMEOUT, enough=majority)
-        fan_out(nodes, [[release]] * len(nodes), TIMEOUT, enough=majority)
+        checked(
+            replies(
+                fan_out(
+                    nodes,
+                    [[acquire]] * len(nodes),
+                    TIMEOUT,
+                    enough=lambda results: granted(replies(results)),
+                )
+            ),
+            replies(
+                fan_out(
+                    nodes,
+                    [[release]] * len(nodes),
+                    TIMEOUT,
+                    enough=lambda results: released(replies(results)),
+                )
+            ),
+        )
 
     return pair, lambda: [node.close() for node in nodes] and None
 
@@ -252,7 +300,7 @@ def logins_paused(servers: Any) -> dict[str, float]:
             servers[0].pause()
             servers[1].pause()
             started = time.perf_counter()
-            with contextlib.suppress(RedisError, OSError):
+            with contextlib.suppress(RedisError, OSError, PairFailed):
                 pair("login")
             found[name] = time.perf_counter() - started
             servers[0].resume()
