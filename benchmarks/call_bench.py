@@ -56,7 +56,7 @@ from celery_redlock import LockedTask, RateLimiter, Redlock, signals
 from celery_redlock._layout import LockValue
 from celery_redlock.lock.lock import Lock
 from celery_redlock.lock.renewal import heartbeat
-from celery_redlock.tasks import settings as config
+from celery_redlock.tasks import app_state
 from celery_redlock.tasks.run import TaskRun
 
 TTL = 60.0
@@ -154,7 +154,7 @@ def without_round_trips(operation: Callable[[], object]) -> Callable[[], object]
 
 def lock_pair(app: Celery) -> Callable[[], object]:
     """What a task's run lock does with the lock itself, nothing else."""
-    redlock = config.redlock_for(app)
+    redlock = app_state.redlock_for(app)
     numbers = itertools.count()
     owner = LockValue.owner_text(str(uuid.uuid4()), "bench@host:1")
 
@@ -319,11 +319,11 @@ def pieces(app: Celery) -> dict[str, float]:
         id=str(uuid.uuid4()), args=(1,), kwargs={}, called_directly=False, hostname="bench@host"
     )
     try:
-        policy = config.policy_for(task)
+        policy = app_state.policy_for(task)
         assert policy is not None
         template = policy.lock.key if policy.lock is not None else None
         assert template is not None
-        redlock = config.redlock_for(app)
+        redlock = app_state.redlock_for(app)
         lock = redlock.lock("pieces", ttl=TTL)
         lock.acquire(blocking=False)
         run = TaskRun(task, policy, (1,), {})
@@ -333,10 +333,10 @@ def pieces(app: Celery) -> dict[str, float]:
             beat.drop(beat.hold(lock, task_id="t", on_lost=None))
 
         steps: dict[str, Callable[[], object]] = {
-            "redlock_enabled read (enabled_for)": lambda: config.enabled_for(app),
+            "redlock_enabled read (enabled_for)": lambda: app_state.enabled_for(app),
             "policy and Redlock lookups (policy_for, redlock_for)": lambda: (
-                config.policy_for(task),
-                config.redlock_for(app),
+                app_state.policy_for(task),
+                app_state.redlock_for(app),
             ),
             "direct-call check (_called_directly)": task._called_directly,
             "the run object (TaskRun)": lambda: TaskRun(task, policy, (1,), {}),
@@ -425,7 +425,7 @@ def main() -> None:
             progress("capacity done")
         finally:
             for app in apps.values():
-                config.forget(app)
+                app_state.forget(app)
     save(args.save, about, calls=found, pieces=parts, capacity=used)
     heading = "### " if args.markdown else ""
     print(f"Measured on: {about}; run took {time.monotonic() - began:.0f} s\n")
