@@ -56,7 +56,7 @@ from celery.contrib.testing.worker import start_worker
 
 from celery_redlock import LockedTask
 from celery_redlock._layout import lock_name, semaphore_name
-from celery_redlock.tasks import settings as config
+from celery_redlock.tasks import app_state
 
 try:
     from celery_once import QueueOnce
@@ -358,7 +358,7 @@ class Bench:
 
     def close(self) -> None:
         for app in [*self.workers.values(), *self.publishers.values()]:
-            config.forget(app)
+            app_state.forget(app)
             app.close()
 
 
