@@ -86,6 +86,8 @@ def as_delivered(
     Keys are rendered from these at publish, so that a publisher renders the
     key the worker renders from the message: JSON turns a tuple into a list,
     a ``str`` enum member into its value, an int dict key into a ``str``.
+    It reads back what it just wrote, whatever ``accept_content`` allows
+    (kombu refuses pickle to a reader that does not name it).
 
     Raises:
         kombu.exceptions.EncodeError: what publishing the call would raise.
@@ -93,7 +95,7 @@ def as_delivered(
     dumps: Any = serialization.dumps  # kombu is untyped
     loads: Any = serialization.loads
     content_type, encoding, body = dumps((list(args), dict(kwargs)), serializer)
-    delivered_args, delivered_kwargs = loads(body, content_type, encoding)
+    delivered_args, delivered_kwargs = loads(body, content_type, encoding, accept={content_type})
     return tuple(delivered_args), dict(delivered_kwargs)
 
 

@@ -410,6 +410,34 @@ def test_a_key_template_over_a_tuple_is_the_key_the_worker_takes_over(
     assert ran == [first.id, second.id]
 
 
+def test_a_singleton_published_with_pickle_is_one_copy_per_key(make_app: Any) -> None:
+    # The publisher reads the call back through its serializer to render the
+    # key the worker renders: pickle, disabled by default for reading, too.
+    app = make_app(accept_content=["json", "pickle"])
+
+    @app.task(
+        base=LockedTask,
+        bind=True,
+        name="t.pickled",
+        shared=False,
+        singleton=True,
+        singleton_key="pickled:{ids}",
+    )
+    def pickled(self: Any, ids: Any) -> str:
+        app.witness.event("run", "pickled", self.request.id)
+        return str(self.request.id)
+
+    first = pickled.apply_async(((7, 8),), serializer="pickle")
+    assert pickled.apply_async(((7, 8),), serializer="pickle").id == first.id
+    with in_process_worker(app, "threads"):
+        assert first.get(timeout=30) == first.id
+        second = pickled.apply_async(((7, 8),), serializer="pickle")
+        assert second.id != first.id
+        assert second.get(timeout=30) == second.id
+    ran = [e[2] for e in app.witness.events() if e[:2] == ["run", "pickled"]]
+    assert ran == [first.id, second.id]
+
+
 # -- retries that run out ------------------------------------------------------------------
 
 
