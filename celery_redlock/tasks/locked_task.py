@@ -241,7 +241,7 @@ class LockedTask(Task):  # type: ignore[misc]
         if run is not None and task_id is not None and task_id == run.task_id:
             # The run's own next copy (self.retry(), a re-queue), sent now: it
             # gets the run's locks as it goes, and only if it is really sent.
-            return run.send_again(lambda: self._send(args, kwargs, task_id, options))
+            return run.send_again(lambda: self._send(args, kwargs, task_id, options), options)
         return self._send(args, kwargs, task_id, options)
 
     def _send(self, args: Any, kwargs: Any, task_id: str | None, options: dict[str, Any]) -> Any:

@@ -40,7 +40,13 @@ from .app_state import redlock_for
 from .feature_policies import SingletonPolicy
 from .features import debounce
 from .features.rate_limit import RateGate
-from .features.singleton import beat_interval_name, beat_tick_name, seconds_held, task_id_of
+from .features.singleton import (
+    KEY_HEADER,
+    beat_interval_name,
+    beat_tick_name,
+    seconds_held,
+    task_id_of,
+)
 from .features.singleton_call_text import call_text
 from .features.singleton_call_text import store as store_preview
 from .key_templates import as_delivered
@@ -156,8 +162,10 @@ class Publication:
     def _send_singleton(self, singleton: SingletonPolicy) -> Any:
         task, task_id = self.task, self.task_id
         assert task_id is not None
-        # "queued" mode: a publish takes the follow-up's key, whatever runs.
-        key = singleton.names(task.name, *self.delivered)[-1]
+        # "queued" mode: a publish takes the follow-up's key, whatever runs. A
+        # run's next copy keeps the key its run handed back, whatever its arguments.
+        handed = self.headers.get(KEY_HEADER) if self.resent else None
+        key = handed or singleton.names(task.name, *self.delivered)[-1]
         redlock = redlock_for(task.app)
         if self.from_beat:
             ticks = [(beat_tick_name(key), singleton.beat_window)]

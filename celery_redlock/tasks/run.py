@@ -62,7 +62,7 @@ from .features.redelivery import (
     mark_done,
     redelivered,
 )
-from .features.singleton import queued_marker, task_id_of
+from .features.singleton import KEY_HEADER, queued_marker, task_id_of
 from .policies import TaskPolicy
 from .run_endings import TWIN_HEADER, lock_busy, requeue_behind_twin, requeue_unavailable
 
@@ -176,7 +176,9 @@ class TaskRun:
             if delivered and (copy or leaves_mark(self.task, request)) and _may_wait(policy):
                 self.delivery = self.own_delivery()
             if policy.singleton is not None:
-                name = policy.singleton.name(self.task.name, self.args, self.kwargs)
+                handed = self._header(KEY_HEADER)  # a retry's: the key its run handed back
+                name = handed if isinstance(handed, str) and handed else None
+                name = name or policy.singleton.name(self.task.name, self.args, self.kwargs)
                 queued = policy.singleton.mode == "queued"
                 busy = partial(followup.wait_or_end, self) if queued else None
                 self.held.append(self.take(name, replaces=queued_marker(self.task_id), busy=busy))
@@ -272,15 +274,19 @@ class TaskRun:
         signal.send(sender=task, task_id=task_id, key=lease.name, waited=waited, **details)
         return held
 
-    def send_again(self, send: Callable[[], Any]) -> Any:
+    def send_again(self, send: Callable[[], Any], options: dict[str, Any]) -> Any:
         """Send the run's own next copy (a retry, a re-queue) with ``send``, handing it the locks.
 
         They are released just before it is sent, so that it finds them free
         however soon it comes up; a singleton's key goes back to "queued" for
-        it, so no duplicate can be published in between. If it is not sent,
-        the run ends, and the key is freed.
+        it, so no duplicate can be published in between, and is named in the
+        copy's ``KEY_HEADER`` (added to its publish ``options``), which it
+        takes over whatever its arguments. If it is not sent, the run ends,
+        and the key is freed.
         """
         self.release_all(requeued=True)
+        for name in self.handed_back:
+            options["headers"] = {**(options.get("headers") or {}), KEY_HEADER: name}
         try:
             return send()
         except BaseException:

@@ -472,6 +472,48 @@ def test_a_singleton_whose_retries_run_out_frees_its_key(app: Celery, how: str) 
     assert ran == [first.id, first.id, second.id, second.id]
 
 
+@pytest.mark.parametrize("mode", ["one", "queued"])
+def test_a_retry_with_new_arguments_keeps_and_frees_its_call_key(app: Celery, mode: str) -> None:
+    # The retry's arguments name another key than the call's: it takes over the
+    # key its first attempt handed back, and frees it when it ends.
+    @app.task(
+        base=LockedTask,
+        bind=True,
+        name="t.reargued",
+        shared=False,
+        singleton=True,
+        singleton_mode=mode,
+        max_retries=1,
+    )
+    def reargued(self: Any, n: int) -> int:
+        app.witness.event("run", "reargued", self.request.id, n=n)
+        if n < 100:
+            app.witness.client.blpop(["release:reargued"], timeout=60)
+            raise self.retry(args=(n + 100,), countdown=0.2)
+        return n
+
+    with in_process_worker(app, "threads"):
+        first = reargued.delay(1)
+        wait_for_event(app, "run")
+        # Running: a duplicate in "one" mode, the follow-up in "queued" mode.
+        again = reargued.delay(1)
+        assert (again.id == first.id) is (mode == "one")
+        app.witness.client.rpush("release:reargued", *["go"] * 3)
+        assert first.get(timeout=30) == 101
+        assert again.get(timeout=30) == 101
+        # Every copy ended: the call's key went with the last, so this one runs.
+        later = reargued.delay(1)
+        assert later.id not in (first.id, again.id)
+        assert later.get(timeout=30) == 101
+        # Nor is a key held for the retries' own arguments.
+        other = reargued.delay(101)
+        assert other.id not in (first.id, again.id, later.id)
+        assert other.get(timeout=30) == 101
+    ran = [e[2] for e in app.witness.events() if e[:2] == ["run", "reargued"]]
+    expected = [first.id, first.id] + ([again.id, again.id] if mode == "queued" else [])
+    assert ran == [*expected, later.id, later.id, other.id]
+
+
 # -- argument previews ---------------------------------------------------------------------
 
 

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ...lock.redlock import Redlock
 
 __all__ = [
+    "KEY_HEADER",
     "beat_interval_name",
     "beat_tick_name",
     "canonical_hash",
@@ -54,6 +55,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger("celery_redlock.singleton")
+
+#: The header naming the key a run's next copy (a retry, a re-queue) takes over:
+#: the one its run handed back, whatever the copy's own arguments render
+#: (``self.retry(args=...)``), so that the call keeps one key to its end.
+KEY_HEADER = "redlock_singleton"
 
 
 def _canonical(value: Any, path: str) -> Any:
