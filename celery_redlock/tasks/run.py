@@ -190,7 +190,7 @@ class TaskRun:
                 if self.borrowed is None:
                     self.held.append(self.take(name, lock_policy=policy.lock))
             if check:
-                redelivery.drop_if_finished(self, backend=copy)
+                redelivery.drop_if_finished(self, backend=copy or bool(request.eta))
             if policy.concurrency is not None:
                 # After the locks: a run that waits for a lock holds no slot
                 # others could use meanwhile (nor does a copy dropped above).
@@ -207,7 +207,7 @@ class TaskRun:
             raise
         finally:
             _runs.stack.remove(self)
-            if started and delivered and self.held and (copy or leaves_mark(self.task, request)):
+            if started and delivered and (copy or leaves_mark(self.task, request)):
                 # Before the locks go: a copy that takes them next sees it.
                 mark_done(self.redlock, self.task_id, self.ttl * DONE_TTL_FACTOR)
             self.release_all(requeued=requeued)

@@ -449,6 +449,12 @@ def create_app(
         started(self, "rate_default")
         return n
 
+    @task(base=LockedTask, bind=True, name="t.rate_late", global_rate_limit="1/3s", acks_late=True)
+    def rate_late(self: Any, n: int) -> int:
+        """A rate limit only (no lock), acknowledged late (test_copies.py)."""
+        started(self, "rate_late")
+        return n
+
     @task(base=LockedTask, bind=True, name="t.rate_beat", global_rate_limit="5/s")
     def rate_beat(self: Any) -> None:
         started(self, "rate_beat")

@@ -317,6 +317,29 @@ def test_copies_held_for_their_countdown_run_once_in_a_prefork_worker(
     }
 
 
+def test_rate_limited_runs_re_queued_with_copies_run_once_in_a_prefork_worker(
+    make_app: Any, worker_process: Any, broker_url: str
+) -> None:
+    # A rate limit only (no lock), acks_late: "1/3s" re-queues two of three runs
+    # for later, messages with an eta the broker delivers again every 2 s while
+    # the worker holds them. Each body runs once.
+    transport = {
+        "visibility_timeout": 2,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
+    conf = {"redlock_default_ttl": 2.0, "broker_transport_options": transport}
+    app = make_app(**conf)
+    worker_process(concurrency=2, **conf)
+    task = app.tasks["t.rate_late"]
+    results = [task.delay(n) for n in range(3)]
+    assert [result.get(timeout=60) for result in results] == [0, 1, 2]
+    wait_until_quiet(broker_url, app.conf.task_default_queue, reserved=lambda: False)
+    events = app.witness.events()  # type: ignore[attr-defined]
+    started = [e[2] for e in events if e[:2] == ["start", "rate_late"]]
+    assert sorted(started) == sorted(result.id for result in results)
+
+
 def test_a_group_with_two_identical_singletons_ends_with_one_run(
     app: Celery, deliveries: Deliveries
 ) -> None:

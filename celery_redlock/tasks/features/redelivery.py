@@ -10,7 +10,8 @@ overwrites the twin's result. So:
 - a run whose message may come again (:func:`leaves_mark`: ``acks_late``,
   an ``eta``; or a re-delivered or re-queued copy) writes a
   *done mark* for its task id on the lock nodes when its body ends, before
-  it releases its locks, kept for :data:`DONE_TTL_FACTOR` times the lock's
+  it releases its locks (if it holds any: a task with a global rate limit
+  only writes one too), kept for :data:`DONE_TTL_FACTOR` times the lock's
   ttl;
 - a run that may be such a copy (kombu marks it ``redelivered``, or it was
   re-queued behind its twin) checks, once it holds its locks, whether its
@@ -20,8 +21,10 @@ overwrites the twin's result. So:
   no end: it runs;
 - a run that may have been overtaken by its own copy (it has an ``eta``, or
   it is a singleton, whose worker may have held it while the broker
-  delivered it again) looks for the done mark only: the copy, if it ran,
-  left one;
+  delivered it again) looks for the done mark: the copy, if it ran, left
+  one; with an ``eta``, also for a ready state in the result backend, since
+  its copies (the broker's, and those a rate limit re-queues) may come after
+  the mark expired;
 - a run whose message may come again and that may wait (for its lock, with
   a ``lock_timeout``, or for a concurrency slot, which no copy can tell from
   another run's) first holds its task id's *delivery lock*
@@ -171,16 +174,14 @@ def _marked(redlock: Redlock, key: str) -> bool:
     return False
 
 
-def finished(
-    task: Any, redlock: Redlock | None, task_id: str, *, backend: bool = True
-) -> str | None:
+def finished(task: Any, redlock: Redlock, task_id: str, *, backend: bool = True) -> str | None:
     """Why ``task_id`` counts as finished (a done mark, a ready state), or ``None``.
 
-    ``redlock``: the lock nodes to look for a done mark on; ``None`` for a
-    task that takes no lock. ``backend``: ask the result backend too (a run
-    that is no copy itself only needs the mark: a copy that ran first left one).
+    ``redlock``: the lock nodes to look for a done mark on. ``backend``: ask
+    the result backend too (a singleton that is no copy itself and has no
+    ``eta`` only needs the mark: a copy that ran first left one).
     """
-    if redlock is not None and _marked(redlock, done_key(redlock.key_prefix, task_id)):
+    if _marked(redlock, done_key(redlock.key_prefix, task_id)):
         return "its run left a done mark"
     if not backend:
         return None
@@ -198,11 +199,7 @@ def drop_if_finished(run: RunContext, *, backend: bool) -> None:
 
     ``backend``: ask the result backend too, not only the lock nodes.
     """
-    # A task without locks or a slot (a global rate limit only) leaves no
-    # mark on lock nodes.
-    policy = run.policy
-    locked = any(part is not None for part in (policy.lock, policy.singleton, policy.concurrency))
-    why = finished(run.task, run.redlock if locked else None, run.task_id, backend=backend)
+    why = finished(run.task, run.redlock, run.task_id, backend=backend)
     if why is not None:
         logger.info("task %s: already finished (%s); this copy is not run", run.task_id, why)
         raise Ignore()
