@@ -100,9 +100,7 @@ def fraction(value: Any, option: str, *, below: float) -> float:
         or not 0 <= value < below
         or not math.isfinite(value)
     ):
-        raise ConfigurationError(
-            f"{option}: expected a fraction in [0, {below:g}), got {value!r}", option=option
-        )
+        raise ConfigurationError(option, f"expected a fraction in [0, {below:g}), got {value!r}")
     return float(value)
 
 
@@ -110,12 +108,11 @@ def text(value: Any, option: str, *, empty: bool = True) -> str:
     """``value`` as a string that has a UTF-8 form (Redis keys and values are bytes)."""
     if not isinstance(value, str) or (not empty and not value):
         kind = "a string" if empty else "a non-empty string"
-        raise ConfigurationError(f"{option}: expected {kind}, got {value!r}", option=option)
+        raise ConfigurationError(option, f"expected {kind}, got {value!r}")
     try:
         value.encode()
     except UnicodeEncodeError as exc:
         raise ConfigurationError(
-            f"{option}: {value[:80]!r} has no UTF-8 form ({exc.reason}); Redis stores bytes",
-            option=option,
+            option, f"{value[:80]!r} has no UTF-8 form ({exc.reason}); Redis stores bytes"
         ) from exc
     return value
