@@ -86,9 +86,7 @@ class Lock(Lease):
         self.ttl = self._checked_ttl(ttl)
         self.timeout = None if timeout is None else seconds(timeout, "timeout", allow_zero=True)
         if not isinstance(auto_renew, bool):
-            raise ConfigurationError(
-                f"auto_renew: expected True or False, got {auto_renew!r}", option="auto_renew"
-            )
+            raise ConfigurationError("auto_renew", f"expected True or False, got {auto_renew!r}")
         #: Free text stored beside the token (``task_id|where`` for a task's lock).
         self.owner = None if owner is None else text(owner, "owner")
         #: Take the lock over from a holder whose value ends with this text.
@@ -102,8 +100,7 @@ class Lock(Lease):
             value = text(token, "token", empty=False)
             if owner is not None:
                 raise ConfigurationError(
-                    "token: a lock built from a token carries its owner already; drop owner=",
-                    option="token",
+                    "token", "a lock built from a token carries its owner already; drop owner="
                 )
             self.owner = LockValue.owner_of(value)
             self._value = value

@@ -273,10 +273,10 @@ class Redlock:
         task_id = text(task_id, "task_id", empty=False)
         if where is None:
             raise ConfigurationError(
-                f"where: release_owner({name!r}, {task_id!r}) needs the host:pid of the run "
+                "where",
+                f"release_owner({name!r}, {task_id!r}) needs the host:pid of the run "
                 "to free: the task id alone would also free a re-delivered copy running "
                 "elsewhere",
-                option="where",
             )
         where = text(where, "where", empty=False)
         keys = self.keys(name)

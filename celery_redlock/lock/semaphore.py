@@ -87,14 +87,12 @@ class Semaphore(Lease):
         self.timeout = None if timeout is None else seconds(timeout, "timeout", allow_zero=True)
         for option, flag in (("blocking", blocking), ("auto_renew", auto_renew)):
             if not isinstance(flag, bool):
-                raise ConfigurationError(
-                    f"{option}: expected True or False, got {flag!r}", option=option
-                )
+                raise ConfigurationError(option, f"expected True or False, got {flag!r}")
         if not blocking and self.timeout:
             raise ConfigurationError(
-                f"timeout: semaphore {self.name!r}: a non-blocking semaphore makes one attempt "
+                "timeout",
+                f"semaphore {self.name!r}: a non-blocking semaphore makes one attempt "
                 f"and cannot wait {self.timeout} s; pass blocking=True, or no timeout",
-                option="timeout",
             )
         #: Free text stored beside the token (``task_id|where`` for a task's slot).
         self.owner = None if owner is None else text(owner, "owner")

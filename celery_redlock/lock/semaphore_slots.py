@@ -61,8 +61,7 @@ def check_limit(limit: object, option: str = "limit") -> int:
     """``limit`` as a whole number of slots from 1 to :data:`MAX_LIMIT`."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise ConfigurationError(
-            f"{option}: expected a whole number of slots from 1 to {MAX_LIMIT}, got {limit!r}",
-            option=option,
+            option, f"expected a whole number of slots from 1 to {MAX_LIMIT}, got {limit!r}"
         )
     return limit
 
