@@ -47,8 +47,7 @@ def check_algorithm(algorithm: Any, option: str = "algorithm") -> Algorithm:
     """``algorithm`` if it names one, else ConfigurationError naming ``option``."""
     if algorithm not in ALGORITHMS:
         raise ConfigurationError(
-            f"{option}: expected one of {', '.join(map(repr, ALGORITHMS))}, got {algorithm!r}",
-            option=option,
+            option, f"expected one of {', '.join(map(repr, ALGORITHMS))}, got {algorithm!r}"
         )
     return algorithm  # type: ignore[no-any-return]
 
@@ -57,7 +56,7 @@ def check_rate_for(rate: Rate, algorithm: Algorithm, option: str) -> None:
     """Refuse, naming ``option``, a rate ``algorithm`` cannot keep the meaning of."""
     problem = rate_problem_for(rate, algorithm)
     if problem is not None:
-        raise ConfigurationError(f"{option}: {problem[1]}", option=option)
+        raise ConfigurationError(option, problem[1])
 
 
 def rate_problem_for(rate: Rate, algorithm: Algorithm) -> tuple[str, str] | None:

@@ -134,21 +134,18 @@ class Resolved:
 def check_key(key: Any, option: str = "key") -> None:
     """Raise ConfigurationError unless ``key`` is a non-empty, valid UTF-8 string of ≤ 1 KiB."""
     if not isinstance(key, str) or not key:
-        raise ConfigurationError(
-            f"{option}: expected a non-empty string, got {key!r}", option=option
-        )
+        raise ConfigurationError(option, f"expected a non-empty string, got {key!r}")
     try:
         size = len(key.encode())
     except UnicodeEncodeError as exc:
         raise ConfigurationError(
-            f"{option}: {key!r} is not valid UTF-8 text ({exc.reason} at position "
+            option,
+            f"{key!r} is not valid UTF-8 text ({exc.reason} at position "
             f"{exc.start}); Redis keys are written as UTF-8",
-            option=option,
         ) from None
     if size > MAX_KEY_BYTES:
         raise ConfigurationError(
-            f"{option}: {key[:40]!r}… is {size} bytes of UTF-8; at most {MAX_KEY_BYTES}",
-            option=option,
+            option, f"{key[:40]!r}… is {size} bytes of UTF-8; at most {MAX_KEY_BYTES}"
         )
 
 
@@ -161,9 +158,9 @@ def check_budget(budget: Any, option: str = "budget") -> str:
         or budget == "override"
     ):
         raise ConfigurationError(
-            f"{option}: expected a short lowercase name (letters, digits, '-', '_'; not an "
+            option,
+            "expected a short lowercase name (letters, digits, '-', '_'; not an "
             f"algorithm's name), got {budget!r}",
-            option=option,
         )
     return budget
 
@@ -184,21 +181,19 @@ def from_call(
             return (_trusted(key_or_limits, rate, chosen),)
         if limit is None:
             raise ConfigurationError(
-                "limit: expected a rate such as '100/m', or a limit with a period in seconds",
-                option="limit",
+                "limit", "expected a rate such as '100/m', or a limit with a period in seconds"
             )
         if isinstance(limit, int | float) and not isinstance(limit, bool):
             raise ConfigurationError(
-                f"period: a limit of {limit!r} needs a period in seconds (or give a rate "
+                "period",
+                f"a limit of {limit!r} needs a period in seconds (or give a rate "
                 f"such as '{limit}/s')",
-                option="period",
             )
         return (Limit(key_or_limits, limit, chosen),)
     if limit is not None or period is not None:
         raise ConfigurationError(
-            "limit: give limit and period only with a single key; a list of limits carries "
-            "its own rates",
-            option="limit",
+            "limit",
+            "give limit and period only with a single key; a list of limits carries its own rates",
         )
     if isinstance(key_or_limits, Limit):
         items: Sequence[Any] = (key_or_limits,)
@@ -206,14 +201,12 @@ def from_call(
         items = key_or_limits
     else:
         raise ConfigurationError(
-            "limits: expected a key, a Limit, or a list of Limit objects and (key, rate) "
+            "limits",
+            "expected a key, a Limit, or a list of Limit objects and (key, rate) "
             f"pairs, got {key_or_limits!r}",
-            option="limits",
         )
     if not 1 <= len(items) <= MAX_LIMITS:
-        raise ConfigurationError(
-            f"limits: expected 1 to {MAX_LIMITS} limits, got {len(items)}", option="limits"
-        )
+        raise ConfigurationError("limits", f"expected 1 to {MAX_LIMITS} limits, got {len(items)}")
     made = []
     for item in items:
         if isinstance(item, Limit):
@@ -222,8 +215,7 @@ def from_call(
             one = Limit(*item)
         else:
             raise ConfigurationError(
-                f"limits: expected a Limit or a (key, rate[, algorithm]) tuple, got {item!r}",
-                option="limits",
+                "limits", f"expected a Limit or a (key, rate[, algorithm]) tuple, got {item!r}"
             )
         if one.algorithm is None and chosen is not None:
             one = _trusted(one.key, one.rate, chosen, one.budget)
@@ -238,9 +230,9 @@ def resolve(limits: Sequence[Limit], cost: int, default: Algorithm) -> tuple[Res
     for limit in limits:
         if limit.key in keys:
             raise ConfigurationError(
-                f"limits: key {limit.key!r} is named twice; one decision checks each key once "
+                "limits",
+                f"key {limit.key!r} is named twice; one decision checks each key once "
                 "(a limit's budgets included)",
-                option="limits",
             )
         keys.add(limit.key)
         algorithm = limit.algorithm or default
@@ -253,9 +245,9 @@ def resolve(limits: Sequence[Limit], cost: int, default: Algorithm) -> tuple[Res
             check_rate_for(rate, algorithm, option=limit.rate.option)
         if cost > rate.window_limit:
             raise ConfigurationError(
-                f"cost: {cost} is more than the limit of {rate.window_limit} on {limit.key!r}; "
+                "cost",
+                f"{cost} is more than the limit of {rate.window_limit} on {limit.key!r}; "
                 "such a hit could never be admitted",
-                option="cost",
             )
         resolved.append(Resolved(limit.key, rate, algorithm, limit.budget))
     return tuple(resolved)
@@ -283,13 +275,9 @@ def _old_form_rate(limit: Any, period: Any) -> Rate:
         or not math.isfinite(limit)
         or limit <= 0
     ):
-        raise ConfigurationError(
-            f"limit: expected a number of units > 0, got {limit!r}", option="limit"
-        )
+        raise ConfigurationError("limit", f"expected a number of units > 0, got {limit!r}")
     if isinstance(period, bool) or not isinstance(period, int | float):
-        raise ConfigurationError(
-            f"period: expected a number of seconds, got {period!r}", option="period"
-        )
+        raise ConfigurationError("period", f"expected a number of seconds, got {period!r}")
     rate = Rate(limit=int(limit) if float(limit).is_integer() else limit, period=float(period))
     _raise_named(rate_problem(rate))
     return rate
@@ -299,7 +287,7 @@ def _raise_named(problem: tuple[str, str] | None) -> None:
     """Raise a problem of the old form, naming the argument at fault."""
     if problem is not None:
         option, text = problem
-        raise ConfigurationError(f"{option}: {text}", option=option)
+        raise ConfigurationError(option, text)
 
 
 @lru_cache(maxsize=1024)

@@ -108,8 +108,7 @@ class RateLimiter:
         self.margin = seconds(margin, "margin", allow_zero=True, maximum=_MAX_MARGIN)
         if on_unavailable not in ("raise", "allow"):
             raise ConfigurationError(
-                f"on_unavailable: expected 'raise' or 'allow', got {on_unavailable!r}",
-                option="on_unavailable",
+                "on_unavailable", f"expected 'raise' or 'allow', got {on_unavailable!r}"
             )
         self.on_unavailable: OnUnavailable = on_unavailable
         self.retry_interval = seconds(
@@ -120,9 +119,9 @@ class RateLimiter:
             nodes.append(_make_node(fallback, self.node_timeout, "fallback"))
             if nodes[1].name == nodes[0].name:
                 raise ConfigurationError(
-                    f"fallback: {nodes[1].name} is the primary Redis itself; name another "
+                    "fallback",
+                    f"{nodes[1].name} is the primary Redis itself; name another "
                     "server, or leave fallback unset",
-                    option="fallback",
                 )
         when_down = (
             "hits are admitted unchecked (on_unavailable='allow')"
@@ -380,14 +379,12 @@ def _make_node(client_or_url: Any, timeout: float, option: str) -> Node:
         return Node.from_url(client_or_url, timeout)
     except ConfigurationError as exc:
         message = str(exc).removeprefix("nodes: ")
-        raise ConfigurationError(f"{option}: {message}", option=option) from None
+        raise ConfigurationError(option, message) from None
 
 
 def _check_prefix(prefix: Any) -> str:
     if not isinstance(prefix, str):
-        raise ConfigurationError(
-            f"key_prefix: expected a string, got {prefix!r}", option="key_prefix"
-        )
+        raise ConfigurationError("key_prefix", f"expected a string, got {prefix!r}")
     if prefix:
         check_key(prefix, "key_prefix")
     return prefix

@@ -172,13 +172,11 @@ def set_override(routes: Routes, keys: RateKeys, key: str, rate: Any, ttl: Any) 
     parsed = parse_rate(rate, option="rate")
     if micros(parsed.period) % 1000:
         raise ConfigurationError(
-            f"rate: an override's period must be whole milliseconds, got {parsed.period!r} s",
-            option="rate",
+            "rate", f"an override's period must be whole milliseconds, got {parsed.period!r} s"
         )
     if parsed.interval < 0.0001:
         raise ConfigurationError(
-            f"rate: an override may allow at most 10,000 units per second, got {parsed}",
-            option="rate",
+            "rate", f"an override may allow at most 10,000 units per second, got {parsed}"
         )
     try:
         ttl = seconds(ttl, "ttl", minimum=0.001, maximum=MAX_OVERRIDE_TTL)

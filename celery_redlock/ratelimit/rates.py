@@ -127,41 +127,33 @@ def parse_rate(value: Any, option: str = "global_rate_limit") -> Rate:
         unit = _UNIT.fullmatch(unit_text.strip() or "s")
         if unit is None:
             raise ConfigurationError(
-                f"{option}: {value!r} has an unknown unit {unit_text.strip()!r}; expected "
-                f"{_SYNTAX}",
-                option=option,
+                option, f"{value!r} has an unknown unit {unit_text.strip()!r}; expected {_SYNTAX}"
             )
         try:
             count = Fraction(count_text.strip())
         except (ValueError, ZeroDivisionError):
             raise ConfigurationError(
-                f"{option}: {value!r} is not a rate; expected {_SYNTAX}", option=option
+                option, f"{value!r} is not a rate; expected {_SYNTAX}"
             ) from None
         span = Fraction(unit["span"] or 1)
         if span <= 0:
-            raise ConfigurationError(
-                f"{option}: {value!r} has a period of zero; expected {_SYNTAX}", option=option
-            )
+            raise ConfigurationError(option, f"{value!r} has a period of zero; expected {_SYNTAX}")
         period = float(span * UNITS[unit["unit"]])
     elif isinstance(value, int | float) and not isinstance(value, bool):
         if not math.isfinite(value):
-            raise ConfigurationError(
-                f"{option}: {value!r} is not a rate; expected {_SYNTAX}", option=option
-            )
+            raise ConfigurationError(option, f"{value!r} is not a rate; expected {_SYNTAX}")
         count, period = Fraction(value), 1.0
     else:
-        raise ConfigurationError(
-            f"{option}: expected a rate such as {_SYNTAX}, got {value!r}", option=option
-        )
+        raise ConfigurationError(option, f"expected a rate such as {_SYNTAX}, got {value!r}")
     if count <= 0:
         raise ConfigurationError(
-            f"{option}: {value!r} allows no calls; a rate must be positive. To remove the "
+            option,
+            f"{value!r} allows no calls; a rate must be positive. To remove the "
             "limit, leave the option unset",
-            option=option,
         )
     if count > MAX_LIMIT:
         raise ConfigurationError(
-            f"{option}: {value!r} admits more than {MAX_LIMIT:,} units per period", option=option
+            option, f"{value!r} admits more than {MAX_LIMIT:,} units per period"
         )
     limit: int | float = int(count) if count.denominator == 1 else float(count)
     rate = Rate(limit=limit, period=period)
@@ -173,7 +165,7 @@ def check_rate(rate: Rate, option: str, *, text: Any = None) -> None:
     """Raise ConfigurationError naming ``option`` unless ``rate`` is within the bounds."""
     problem = rate_problem(rate, text)
     if problem is not None:
-        raise ConfigurationError(f"{option}: {problem[1]}", option=option)
+        raise ConfigurationError(option, problem[1])
 
 
 def rate_problem(rate: Rate, text: Any = None) -> tuple[str, str] | None:
