@@ -273,13 +273,11 @@ def make_nodes(nodes: Sequence[str | redis.Redis], timeout: float) -> list[Node]
         nodes = [nodes]
     if not isinstance(nodes, Sequence):
         raise ConfigurationError(
-            f"nodes: expected a list of Redis URLs or redis.Redis clients, got {nodes!r}",
-            option="nodes",
+            "nodes", f"expected a list of Redis URLs or redis.Redis clients, got {nodes!r}"
         )
     if not nodes:
         raise ConfigurationError(
-            "nodes: at least one Redis node is needed, e.g. ['redis://localhost:6379/0']",
-            option="nodes",
+            "nodes", "at least one Redis node is needed, e.g. ['redis://localhost:6379/0']"
         )
     made = [
         Node.from_client(node, timeout)

@@ -74,8 +74,15 @@ def redact(url: str) -> str:
 
 
 def bad(problem: str, option: str = "nodes") -> ConfigurationError:
-    """The error for a node given wrongly: ``nodes: problem``, naming ``option``."""
-    return ConfigurationError(f"nodes: {problem}", option=option)
+    """The error for a node given wrongly: ``nodes: problem``, naming ``option``.
+
+    The parts cannot say both names: the message stays under ``nodes`` while
+    ``option`` names the URL's own option (``db``, ``ssl_ca_certs``).
+    """
+    error = ConfigurationError("nodes", problem)
+    if option != "nodes":
+        error.option, error.problem = option, str(error)
+    return error
 
 
 def query_options(query: str, shown: str) -> dict[str, str]:
