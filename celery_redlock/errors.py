@@ -20,8 +20,8 @@ and an unreachable Redis call for different reactions (wait for the holder, or
 fail open/closed), so callers can tell them apart.
 
 Errors that wrap a redis-py exception keep it as ``__cause__``. Every
-exception can be rebuilt from its message alone, as Celery does when it reads
-a task's failure back from the result backend.
+exception can be rebuilt from its args (a ConfigurationError's are its parts),
+as Celery does when it reads a task's failure back from the result backend.
 """
 
 from __future__ import annotations
@@ -55,42 +55,27 @@ class ConfigurationError(RedlockError, ValueError):
         ConfigurationError("lock_ttl", "must be > 0 seconds, got 0", task="proj.sync")
         # task 'proj.sync': lock_ttl: must be > 0 seconds, got 0
 
-    A finished message with the option as a keyword,
-    ``ConfigurationError("ttl: too short", option="ttl")``, is accepted too.
-
     Attributes:
         option: name of the offending option, argument or setting.
         problem: what is wrong with it: the message without the names.
         task: the task whose option it is, if any.
     """
 
-    def __init__(
-        self,
-        option_or_message: str,
-        problem: str | None = None,
-        *,
-        option: str | None = None,
-        task: str | None = None,
-    ) -> None:
-        if problem is None:  # a finished message
-            message = option_or_message
-            prefix = f"{option}: "
-            problem = message[len(prefix) :] if option and message.startswith(prefix) else message
-        else:
-            option = option_or_message
-            message = f"{option}: {problem}"
-            if task is not None:
-                message = f"task {task!r}: {message}"
-        super().__init__(message)
+    def __init__(self, option: str, problem: str, task: str | None = None) -> None:
+        super().__init__(option, problem, task)  # the args rebuild it (a result backend's way)
         self.option = option
         self.problem = problem
         self.task = task
+
+    def __str__(self) -> str:
+        option, problem, task = self.args
+        return f"{option}: {problem}" if task is None else f"task {task!r}: {option}: {problem}"
 
     def with_context(
         self, *, option: str | None = None, task: str | None = None
     ) -> ConfigurationError:
         """The same problem, reported under another option name or for a task."""
-        return ConfigurationError(option or self.option or "", self.problem, task=task or self.task)
+        return ConfigurationError(option or self.option, self.problem, task=task or self.task)
 
 
 class LockError(RedlockError):

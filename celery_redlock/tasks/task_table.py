@@ -184,6 +184,8 @@ class StartupRefused(ConfigurationError, CeleryCommandException):  # type: ignor
         CeleryCommandException.__init__(self, f"celery_redlock: {error}", exit_code=2)
         self.option, self.problem, self.task = error.option, error.problem, error.task
 
+    __str__ = CeleryCommandException.__str__  # its message, not its parts
+
 
 _watching: dict[type, type] = {}
 
