@@ -389,9 +389,10 @@ def _held_on_this_thread(name: str) -> HeldLock | None:
 
 
 def _may_wait(policy: TaskPolicy) -> bool:
-    """Whether a run may wait for its lock or a slot, or hold a slot beside a copy of itself."""
-    lock = policy.lock
-    return policy.concurrency is not None or (lock is not None and lock.timeout > 0)
+    """Whether a run may wait, or run beside a copy of itself (in a slot; a bare rate limit)."""
+    lock, bare = policy.lock, policy.singleton is None and policy.lock is None
+    waits = lock is not None and lock.timeout > 0
+    return waits or policy.concurrency is not None or (bare and policy.rate is not None)
 
 
 def _is_slot(held: HeldLock) -> bool:
