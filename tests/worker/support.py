@@ -549,7 +549,10 @@ def create_app(
         started(self, "api_pause")
         retry_after = api.call(self.request.id)
         if retry_after is not None:
-            self.rate_limited(retry_after=retry_after)
+            try:
+                self.rate_limited(retry_after=retry_after)
+            finally:  # the pause is written by now
+                witness.event("paused", "api_pause", self.request.id)
         return n
 
     @task(
