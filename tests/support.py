@@ -5,9 +5,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -69,6 +71,39 @@ def script_runs(server: RedisServer) -> int:
         stats = client.info("commandstats")
     names = ("cmdstat_eval", "cmdstat_evalsha")
     return sum(int(stats.get(name, {}).get("calls", 0)) for name in names)
+
+
+def heard_from(lacking: RedisServer, holder: RedisServer, extend: Callable[[], Any]) -> None:
+    """Run ``extend`` (a lock's or semaphore's) so that it hears ``lacking``'s answer.
+
+    ``extend()`` returns once a majority confirmed, waiting only a moment more
+    for the other nodes, and puts a copy back only on the nodes it heard
+    without one. ``holder`` (a node holding the key) is paused until
+    ``lacking`` has run its call: the majority waits for ``holder``, and
+    ``lacking``'s answer is in by then. The node timeout must outlast the pause.
+    """
+    before = script_runs(lacking)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            extend()
+        except BaseException as exc:  # re-raised below, in the test's thread
+            raised.append(exc)
+
+    thread = threading.Thread(target=run)
+    holder.pause()
+    try:
+        thread.start()
+        deadline = time.monotonic() + 10.0
+        while script_runs(lacking) == before:
+            assert time.monotonic() < deadline, "the extend never reached the node lacking the key"
+            time.sleep(0.002)
+    finally:
+        holder.resume()
+    thread.join()
+    if raised:
+        raise raised[0]
 
 
 def self_signed_certificate(folder: Path) -> tuple[Path, Path] | None:

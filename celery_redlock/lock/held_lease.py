@@ -41,10 +41,6 @@ class Renewable(Protocol):
     renew_script: LuaScript
 
     @property
-    def renew_place(self) -> str:
-        """The renewal script's ``place`` argument."""
-
-    @property
     def redlock(self) -> Renewer:
         """The nodes it is held on."""
 

@@ -196,11 +196,6 @@ class Lease:
 
     # -- renewal (see :mod:`.renewal_batch`) ---------------------------------------
 
-    @property
-    def renew_place(self) -> str:
-        """``"1"``: a renewal puts the key back where it is missing; ``"0"`` while adopted."""
-        return "0" if self._adopted else "1"
-
     def start_renewal(self, now: float) -> str | None:
         """Hold it for a renewal: ``None``, or the outcome when there is nothing to renew.
 

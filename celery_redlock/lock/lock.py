@@ -39,6 +39,7 @@ from ..transport.nodes import Call, fan_out
 from .acquire_attempt import Attempt, attempt
 from .lease import Lease, LockNodes
 from .quorum import Tally, majority_held
+from .renewal_batch import place
 
 if TYPE_CHECKING:
     pass
@@ -193,10 +194,11 @@ class Lock(Lease):
         """Reset the current hold's time to live to ``ttl`` (default: the lock's ttl).
 
         Works like a fresh acquisition: a majority of nodes must confirm
-        within the current validity. Nodes that answer and lack the key get
-        it back (``SET NX``, never over another owner's value), so a lock
-        taken while a node was down regains that node. ``ttl`` applies to this
-        hold only; ``lock.ttl`` is unchanged.
+        within the current validity. Once they have, nodes that answered
+        without the key get it back (``SET NX``, never over another owner's
+        value; one more round trip), so a lock taken while a node was down
+        regains that node. ``ttl`` applies to this hold only; ``lock.ttl`` is
+        unchanged.
 
         Raises:
             LockLost: the lock had expired, or fewer than a majority of nodes
@@ -223,7 +225,7 @@ class Lock(Lease):
                     "often than the ttl, or use a longer ttl",
                     key=self.name,
                 )
-            call = Call(_EXTEND, (self.key,), (value, to_ms(new_ttl), "0" if adopted else "1"))
+            call = Call(_EXTEND, (self.key,), (value, to_ms(new_ttl)))
             started = _clock.monotonic()
             results = fan_out(
                 redlock.nodes,
@@ -238,9 +240,10 @@ class Lock(Lease):
                 self._valid_until = started + new_ttl - _clock.drift(new_ttl, redlock.drift_factor)
                 self._adopted = False
                 self._unconfirmed = None
-                if tally.placed:
+                placed = place(redlock, [(self, to_ms(new_ttl), tally.lacking)])
+                if placed:
                     logger.info(
-                        "lock %s placed again on %d node(s) that lacked it", self.name, tally.placed
+                        "lock %s placed again on %d node(s) that lacked it", self.name, placed
                     )
                 return
             if tally.lost or (not adopted and self.validity <= 0):

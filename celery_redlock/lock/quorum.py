@@ -1,7 +1,9 @@
 """What the nodes said about one held lock, and the words for it.
 
 ``extend.lua`` and ``release.lua`` answer per node: the key is ours (1),
-placed by this call (2, extend only), absent (0), or another owner's (-1).
+absent (0), or another owner's (-1); ``renew.lua`` the same, one character
+per lock. A renewal never counts a copy it writes (see
+:func:`.renewal_batch.place`).
 A node may also not answer, or answer with an error. :class:`Tally` counts
 those answers and decides, for a lock of ``n`` nodes and quorum ``q``:
 
@@ -37,8 +39,8 @@ __all__ = [
 #: Outcomes of :meth:`Redlock.renew` for one lock.
 RENEWED, LOST, UNREACHABLE, BUSY = "renewed", "lost", "unreachable", "busy"
 
-HELD, PLACED, ABSENT, FOREIGN = 1, 2, 0, -1
-_CODES = {b"1": HELD, b"2": PLACED, b"0": ABSENT, b"-": FOREIGN}
+HELD, ABSENT, FOREIGN = 1, 0, -1
+_CODES = {b"1": HELD, b"0": ABSENT, b"-": FOREIGN}
 
 
 def reply(result: NodeResult, slot: int = 0) -> Any:
@@ -58,12 +60,13 @@ class Tally:
     nodes: int
     quorum: int
     held: int = 0
-    placed: int = 0
     absent: int = 0
     foreign: int = 0
     unreachable: int = 0
     #: ``{node: error}`` for the nodes that did not answer, or answered with an error.
     failures: dict[str, BaseException] = field(default_factory=dict)
+    #: Indexes of the nodes that answered without the key (counted in ``absent``).
+    lacking: list[int] = field(default_factory=list)
 
     @classmethod
     def of(
@@ -80,7 +83,7 @@ class Tally:
         (default: all of them).
         """
         tally = cls(nodes=len(nodes) if asked is None else asked, quorum=quorum)
-        for node, result in zip(nodes, results, strict=True):
+        for index, (node, result) in enumerate(zip(nodes, results, strict=True)):
             if isinstance(result, NodeFailure):
                 tally.unreachable += 1
                 tally.failures[node.name] = result
@@ -92,20 +95,23 @@ class Tally:
                 elif answer == HELD:
                     tally.held += 1
                 else:
-                    tally.count(answer)
+                    tally.count(answer, node=index)
         return tally
 
-    def count(self, answer: int | bytes) -> None:
-        """Count one node's answer: an integer, or one character of ``renew.lua``'s string."""
+    def count(self, answer: int | bytes, node: int | None = None) -> None:
+        """Count one node's answer: an integer, or one character of ``renew.lua``'s string.
+
+        ``node``: the node's index, recorded in :attr:`lacking` when it lacks the key.
+        """
         code = _CODES.get(answer, ABSENT) if isinstance(answer, bytes) else int(answer)
         if code == HELD:
             self.held += 1
-        elif code == PLACED:
-            self.placed += 1
         elif code == FOREIGN:
             self.foreign += 1
         else:
             self.absent += 1
+            if node is not None:
+                self.lacking.append(node)
 
     @property
     def confirmed(self) -> bool:
@@ -120,7 +126,7 @@ class Tally:
     def describe(self) -> str:
         """What happened, in words: ``gone from 2 nodes (expired or deleted), ...``."""
         parts = []
-        gone = self.absent + self.placed
+        gone = self.absent
         if gone:
             parts.append(f"gone from {_nodes(gone)} (expired, deleted, or the node lost its data)")
         if self.foreign:

@@ -3,12 +3,19 @@
 Each lease supplies its part of a script call and applies its own outcome
 (:class:`~.renewal.Renewable`); this module only batches the calls and
 counts the nodes' answers.
+
+A renewal writes a missing copy only once a majority confirmed, in the same
+round, that they still hold it (:func:`place`): the renewal itself never
+places, so a lock freed on every node (a worker's main process frees a
+killed pool process's locks while that process may still be renewing) is
+never written anywhere again. A round costs a second round trip only when a
+node answered without a renewed lock's key (it came back empty).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from .. import _clock
@@ -16,9 +23,9 @@ from .._scripts import LuaScript
 from ..transport.nodes import Call, Command, fan_out
 from .held_lease import Renewable
 from .lease import LockNodes
-from .quorum import BUSY, LOST, Tally, failed, reply
+from .quorum import BUSY, LOST, RENEWED, Tally, failed, reply
 
-__all__ = ["renew"]
+__all__ = ["place", "renew"]
 
 logger = logging.getLogger("celery_redlock.lock")
 
@@ -39,13 +46,14 @@ def renew(redlock: LockNodes, leases: Sequence[Renewable]) -> list[str]:
     """Extend many held locks and slots of ``redlock`` at once: one pipelined round trip per node.
 
     Each is renewed to its own ttl, with the rules of :meth:`Lock.extend` (a
-    node that answers and lacks a valid lock's key gets it back), except that
-    a lock is not given up while its validity lasts merely because too few
-    nodes *answered*. Returns, per lease, ``RENEWED``; ``LOST`` (expired, or
-    fewer than a majority can still hold it: it has been given up, and its
-    ``lost_reason`` says why); ``UNREACHABLE`` (too few nodes answered, still
-    valid: try again soon); or ``BUSY`` (another thread is extending or
-    releasing it right now).
+    node that answered without the key of a lock a majority renewed gets it
+    back, by a second call: :func:`place`), except that a lock is not given
+    up while its validity lasts merely because too few nodes *answered*.
+    Returns, per lease, ``RENEWED``; ``LOST`` (expired, or fewer than a
+    majority can still hold it: it has been given up, and its
+    ``lost_reason`` says why); ``UNREACHABLE`` (too few nodes answered,
+    still valid: try again soon); or ``BUSY`` (another thread is extending
+    or releasing it right now).
 
     Leases go to the nodes a few hundred per script call (``renew.lua``;
     semaphore slots, ``semaphore_renew.lua``), all calls in one pipeline per
@@ -54,7 +62,7 @@ def renew(redlock: LockNodes, leases: Sequence[Renewable]) -> list[str]:
     """
     outcomes = [BUSY] * len(leases)
     taken: list[int] = []
-    groups: dict[tuple[LuaScript, int, str], list[int]] = {}
+    groups: dict[tuple[LuaScript, int], list[int]] = {}
     try:
         now = _clock.monotonic()
         for position, lease in enumerate(leases):
@@ -64,24 +72,11 @@ def renew(redlock: LockNodes, leases: Sequence[Renewable]) -> list[str]:
             if outcome != BUSY:
                 taken.append(position)
             if outcome is None:
-                key = (lease.renew_script, _clock.to_ms(lease.ttl), lease.renew_place)
+                key = (lease.renew_script, _clock.to_ms(lease.ttl))
                 groups.setdefault(key, []).append(position)
             else:
                 outcomes[position] = outcome
-        calls: list[Call] = []
-        chunks: list[tuple[list[int], float]] = []
-        for (script, ttl_ms, place), positions in groups.items():
-            for first in range(0, len(positions), _RENEW_CHUNK):
-                _clock.pause()
-                chunk = positions[first : first + _RENEW_CHUNK]
-                keys: list[str] = []
-                args: list[str | int] = [ttl_ms, place]
-                for position in chunk:
-                    lease_keys, lease_args = leases[position].renew_part()
-                    keys += lease_keys
-                    args += lease_args
-                calls.append(Call(script, tuple(keys), tuple(args)))
-                chunks.append((chunk, ttl_ms / 1000.0))
+        calls, chunks = _calls(leases, groups, "0")
         if chunks:
             pipeline = _load(calls)
             # Thousands of locks take the nodes a while to run: allow for it.
@@ -89,11 +84,20 @@ def renew(redlock: LockNodes, leases: Sequence[Renewable]) -> list[str]:
             started = _clock.monotonic()
             results = fan_out(redlock.nodes, [[*pipeline, *calls]] * len(redlock.nodes), timeout)
             finished = _clock.monotonic()
-            placed = 0
-            for slot, (chunk, ttl) in enumerate(chunks, start=len(pipeline)):
+            lacking: dict[int, tuple[int, list[int]]] = {}
+            for slot, (chunk, ttl_ms) in enumerate(chunks, start=len(pipeline)):
                 _clock.pause()
                 answers = [reply(result, slot) for result in results]
-                placed += _settle(redlock, leases, chunk, answers, ttl, started, finished, outcomes)
+                _settle(
+                    redlock, leases, chunk, answers, ttl_ms, started, finished, outcomes, lacking
+                )
+            # Placed while each lease is still held: a release waits for it.
+            renewed = [
+                (leases[p], ttl_ms, on)
+                for p, (ttl_ms, on) in lacking.items()
+                if outcomes[p] == RENEWED
+            ]
+            placed = place(redlock, renewed)
             if placed:
                 logger.info("renewal placed %d lock key(s) again on nodes that lacked them", placed)
         lost = [leases[p] for p in taken if outcomes[p] == LOST and leases[p].value is not None]
@@ -104,17 +108,78 @@ def renew(redlock: LockNodes, leases: Sequence[Renewable]) -> list[str]:
     return outcomes
 
 
+def place(redlock: LockNodes, renewed: Sequence[tuple[Renewable, int, Collection[int]]]) -> int:
+    """Write renewed leases where they were missing: one round trip; return the copies placed.
+
+    ``renewed``: each lease a majority has just confirmed holding, its ttl
+    (ms), and the indexes of the nodes that answered without it. The
+    renewal scripts with ``place`` ``"1"``: ``SET NX PX`` (a free slot
+    taken), never over another owner's value. Nothing to place: no round trip.
+    """
+    pipelines: list[list[Call | Command]] = []
+    most = 0
+    for index in range(len(redlock.nodes)):
+        groups: dict[tuple[LuaScript, int], list[int]] = {}
+        for position, (lease, ttl_ms, on) in enumerate(renewed):
+            if index in on:
+                groups.setdefault((lease.renew_script, ttl_ms), []).append(position)
+        calls, _ = _calls([lease for lease, _, _ in renewed], groups, "1")
+        pipelines.append([*_load(calls), *calls] if calls else [])
+        most = max(most, sum(map(len, groups.values())))
+    if not most:
+        return 0
+    timeout = redlock.node_timeout + _RENEW_ALLOWANCE * (most - 1)
+    placed = 0
+    for pipeline, result in zip(pipelines, fan_out(redlock.nodes, pipelines, timeout), strict=True):
+        for slot, call in enumerate(pipeline):
+            answer = reply(result, slot)
+            if isinstance(call, Call) and not failed(answer):
+                placed += answer.count(b"2")
+    return placed
+
+
+def _calls(
+    leases: Sequence[Renewable], groups: dict[tuple[LuaScript, int], list[int]], placing: str
+) -> tuple[list[Call], list[tuple[list[int], int]]]:
+    """The script calls for ``groups`` (positions in ``leases`` by script and ttl).
+
+    ``placing``: the scripts' ``place`` argument. Returns the calls, and for
+    each the positions it covers and their ttl (ms).
+    """
+    calls: list[Call] = []
+    chunks: list[tuple[list[int], int]] = []
+    for (script, ttl_ms), positions in groups.items():
+        for first in range(0, len(positions), _RENEW_CHUNK):
+            _clock.pause()
+            chunk = positions[first : first + _RENEW_CHUNK]
+            keys: list[str] = []
+            args: list[str | int] = [ttl_ms, placing]
+            for position in chunk:
+                lease_keys, lease_args = leases[position].renew_part()
+                keys += lease_keys
+                args += lease_args
+            calls.append(Call(script, tuple(keys), tuple(args)))
+            chunks.append((chunk, ttl_ms))
+    return calls, chunks
+
+
 def _settle(
     redlock: LockNodes,
     leases: Sequence[Renewable],
     positions: Sequence[int],
     answers: Sequence[Any],
-    ttl: float,
+    ttl_ms: int,
     started: float,
     finished: float,
     outcomes: list[str],
-) -> int:
-    """Decide the outcome of each lease of one script call; return keys placed."""
+    lacking: dict[int, tuple[int, list[int]]],
+) -> None:
+    """Decide the outcome of each lease of one script call.
+
+    Adds to ``lacking`` each lease that some node answered without: its ttl
+    (ms) and those nodes' indexes.
+    """
+    ttl = ttl_ms / 1000.0
     failures = {
         node.name: answer
         for node, answer in zip(redlock.nodes, answers, strict=True)
@@ -128,17 +193,17 @@ def _settle(
     same = all(answer == everywhere for answer in answered)
     nodes, quorum = len(redlock.nodes), redlock.quorum
     shared = Tally(nodes, quorum, held=len(answered), unreachable=len(failures), failures=failures)
-    placed = 0
     for offset, position in enumerate(positions):
         if same:
             tally = shared  # the usual case: every node that answered holds every lock
         else:
             tally = Tally(nodes, quorum, unreachable=len(failures), failures=failures)
-            for answer in answered:
-                tally.count(answer[offset : offset + 1])
-            placed += tally.placed
+            for index, answer in enumerate(answers):
+                if not failed(answer):
+                    tally.count(answer[offset : offset + 1], node=index)
+            if tally.lacking:
+                lacking[position] = (ttl_ms, tally.lacking)
         outcomes[position] = leases[position].apply_renewal(tally, remaining, valid_until, now)
-    return placed
 
 
 def _give_up(redlock: LockNodes, leases: Sequence[Renewable]) -> None:

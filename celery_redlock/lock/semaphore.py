@@ -42,6 +42,7 @@ from .._validators import seconds, text
 from ..errors import ConfigurationError, LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
 from ..transport.commands import Call
 from .lease import Lease, LockNodes
+from .renewal_batch import place
 from .semaphore_slots import MAX_LIMIT, RENEW, Attempt, Slots, check_limit
 
 if TYPE_CHECKING:
@@ -192,7 +193,8 @@ class Semaphore(Lease):
         """Reset the held slot's time to live to ``ttl`` (default: the semaphore's ttl).
 
         The rules of :meth:`Lock.extend`: a majority must confirm within the
-        current validity; nodes that answer with the slot free get it back.
+        current validity; once they have, nodes that answered with the slot
+        free get it back.
 
         Raises:
             LockLost: the slot had expired, or fewer than a majority still hold
@@ -222,6 +224,14 @@ class Semaphore(Lease):
             if tally.confirmed and remaining > 0:
                 self._valid_until = started + new_ttl - _clock.drift(new_ttl, redlock.drift_factor)
                 self._unconfirmed = None
+                placed = place(redlock, [(self, _clock.to_ms(new_ttl), tally.lacking)])
+                if placed:
+                    logger.info(
+                        "semaphore %s: slot %d placed again on %d node(s) that lacked it",
+                        self.name,
+                        slot,
+                        placed,
+                    )
                 return
             if tally.lost or self.validity <= 0:
                 reason = tally.describe()

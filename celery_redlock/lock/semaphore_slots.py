@@ -242,10 +242,14 @@ class Slots:
     # -- held slots --------------------------------------------------------------------
 
     def extend(self, slot: int, value: str, ttl: float) -> Tally:
-        """Reset a held slot's ttl where held, place it where free; count the answers."""
+        """Reset a held slot's ttl where held; count the answers (a free slot: ``lacking``).
+
+        Nothing is placed here: the semaphore puts the slot back where it was
+        free once a majority confirmed (:func:`.renewal_batch.place`).
+        """
         redlock = self.redlock
         keys = (self.keys.holders, self.keys.expiry)
-        call = Call(RENEW, keys, (to_ms(ttl), "1", slot, value))
+        call = Call(RENEW, keys, (to_ms(ttl), "0", slot, value))
         results = fan_out(
             redlock.nodes,
             [[call]] * len(redlock.nodes),
@@ -253,13 +257,13 @@ class Slots:
             enough=_renewed_on(redlock.quorum),
         )
         tally = Tally(nodes=len(redlock.nodes), quorum=redlock.quorum)
-        for node, result in zip(redlock.nodes, results, strict=True):
+        for index, (node, result) in enumerate(zip(redlock.nodes, results, strict=True)):
             answer = reply(result)
             if failed(answer):
                 tally.unreachable += 1
                 tally.failures[node.name] = answer
             else:
-                tally.count(answer)
+                tally.count(answer, node=index)
         return tally
 
     def release(self, slot: int, value: str) -> Tally:

@@ -1,21 +1,18 @@
--- Reset a held lock's time to live, if the caller still owns it; optionally
--- place it where it is missing.
+-- Reset a held lock's time to live, if the caller still owns it.
+--
+-- An absent key is never set here: the node cannot know whether the others
+-- still hold it. The client puts it back (renew.lua, place "1") on the nodes
+-- that answered 0, once a majority answered 1.
 --
 -- KEYS[1]  the lock key (celery_redlock/_layout.py)
 -- ARGV[1]  value: the owner's LockValue, exactly as written by acquire.lua
 -- ARGV[2]  ttl_ms: the new time to live, whole milliseconds, 1 to 31536000000
--- ARGV[3]  place: "1" to set the key (SET NX) when it is absent, "0" not to.
---          The client asks for it only while its lock is valid, so a majority
---          holds the key; this restores the copies of nodes that lack it (a
---          node that was down when the lock was taken, or came back empty).
 --
--- Returns 1 when the ttl was reset; 2 when the key was absent and has been
--- placed; 0 when it is absent (and not placed); -1 when another owner holds
--- it (another value, or a key of another type). Another owner's key is never
--- touched. Arguments are checked before anything is written.
+-- Returns 1 when the ttl was reset; 0 when the key is absent; -1 when another
+-- owner holds it (another value, or a key of another type). Another owner's
+-- key is never touched. Arguments are checked before anything is written.
 local value = ARGV[1]
 local ttl_ms = tonumber(ARGV[2])
-local place = ARGV[3] == '1'
 if not value or value == '' then
     return redis.error_reply('ERR extend.lua: empty lock value')
 end
@@ -30,10 +27,6 @@ if held == value then
     return 1
 end
 if held == false then
-    if place then
-        redis.call('SET', KEYS[1], value, 'NX', 'PX', ttl_ms)
-        return 2
-    end
     return 0
 end
 return -1

@@ -1,4 +1,4 @@
--- Renew many held locks on one node at once; place those that are missing.
+-- Renew many held locks on one node at once; or place those that are missing.
 --
 -- The heartbeat's batch: one call per few hundred locks, so that a process
 -- holding thousands of locks sends one pipeline per node per round and
@@ -6,10 +6,13 @@
 --
 -- KEYS[1..n]  lock keys (celery_redlock/_layout.py), at most 1000
 -- ARGV[1]     ttl_ms: the new time to live of every one, whole milliseconds, 1 to 31536000000
--- ARGV[2]     place: "1" to set a key that is absent (SET NX), "0" not to. The
---             client asks for it only for locks that are valid, so a majority
---             holds each of them; this restores the copies of nodes that lack
---             them (see extend.lua)
+-- ARGV[2]     place: "0" for a renewal, which never writes an absent key: this
+--             node cannot know whether the others still hold it (a lock freed
+--             on every node must stay freed). "1" to set an absent key (SET NX
+--             PX): the client sends it in a second call, only for locks a
+--             majority has just renewed, only to the nodes that answered "0",
+--             so as to restore their copies (lost in a restart, or taken while
+--             the node was down)
 -- ARGV[2+i]   value of KEYS[i]: its owner's LockValue, exactly as written by acquire.lua
 --
 -- Returns a string of n characters, one per key: "1" ttl reset, "2" absent

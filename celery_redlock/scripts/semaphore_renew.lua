@@ -1,4 +1,4 @@
--- Renew many held semaphore slots on one node at once; place those that are missing.
+-- Renew many held semaphore slots on one node at once; or place those that are missing.
 --
 -- The heartbeat's batch for semaphores (renew.lua's counterpart), also used
 -- by Semaphore.extend() for one slot.
@@ -7,10 +7,10 @@
 -- KEYS[2i-1]  holders hash of the i-th slot's semaphore (slot number -> LockValue)
 -- KEYS[2i]    expiry sorted set of the same semaphore (slot number -> expiry, ms)
 -- ARGV[1]     ttl_ms: the new time to live of every slot, whole milliseconds, 1 to 31536000000
--- ARGV[2]     place: "1" to take a slot that is free on this node, "0" not to.
---             The client asks for it only for slots that are valid, so a
---             majority holds each of them; this restores the copies of
---             nodes that lack them (see extend.lua)
+-- ARGV[2]     place: "0" for a renewal, which never takes a free slot (see
+--             renew.lua). "1" to take a slot that is free on this node: the
+--             client sends it in a second call, only for slots a majority has
+--             just renewed, only to the nodes that answered "0"
 -- ARGV[2i+1]  the i-th slot number (0 or more)
 -- ARGV[2i+2]  the i-th holder value, exactly as written by semaphore_acquire.lua
 --

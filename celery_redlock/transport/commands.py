@@ -147,7 +147,7 @@ def _semaphore_acquire(call: Call, reply: Any) -> bool:
 #: listed are taken as they answer.
 _SHAPES: dict[str, Callable[[Call, Any], bool]] = {
     "acquire": _acquire,
-    "extend": lambda call, reply: _integer(reply, -1, 0, 1, 2),
+    "extend": lambda call, reply: _integer(reply, -1, 0, 1),
     "release": lambda call, reply: _integer(reply, -1, 0, 1),
     "release_owner": lambda call, reply: _integer(reply, 0, 1),
     "inspect": lambda call, reply: (

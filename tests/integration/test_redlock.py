@@ -12,7 +12,7 @@ import redis
 from celery_redlock import Redlock, errors
 from celery_redlock.testing import RedisServer
 from celery_redlock.transport.nodes import NodeFailure
-from tests.support import all_topologies, landed_everywhere, script_runs, with_node_timeout
+from tests.support import all_topologies, heard_from, script_runs, with_node_timeout
 
 pytestmark = pytest.mark.integration
 
@@ -717,15 +717,14 @@ def test_a_lock_is_extended_and_released_from_another_object_by_its_token(server
 
 def test_extend_places_the_key_on_a_node_that_came_back(servers, make_redlock):
     nodes = servers[:3]
-    redlock = make_redlock(nodes)
+    # Room for heard_from's pause of node 0.
+    redlock = make_redlock(nodes, node_timeout=5.0)
     nodes[2].kill()
-    lock = redlock.lock("k", ttl=5.0)
+    lock = redlock.lock("k", ttl=30.0)
     assert lock.acquire(blocking=False)  # on nodes 0 and 1 only
     nodes[2].start()
-    lock.extend()
-    # extend() returns once a majority confirmed: node 2, reconnecting, may
-    # answer after that, its new connection sending the script's source.
-    landed_everywhere(redlock, "k")
+    # Once nodes 0 and 1 confirmed, the key goes back where node 2 said it lacked it.
+    heard_from(nodes[2], nodes[0], lock.extend)
     with nodes[2].client() as client:
         assert client.get(redlock.key("k")) == lock.value.encode()
     nodes[0].kill()
@@ -734,9 +733,12 @@ def test_extend_places_the_key_on_a_node_that_came_back(servers, make_redlock):
     assert lock.release() is True
 
 
-def test_a_late_extend_places_the_key_on_a_node_restarted_empty(servers, make_redlock):
+def test_a_late_extend_places_nothing_the_next_renewal_puts_the_key_back(servers, make_redlock):
+    from celery_redlock.lock.redlock import RENEWED
+
     nodes = servers[:3]
-    redlock = make_redlock(nodes)
+    # A node that missed a deadline is then waited for a tenth of this.
+    redlock = make_redlock(nodes, node_timeout=2.0)
     nodes[2].kill()
     lock = redlock.lock("k", ttl=30.0)
     assert lock.acquire(blocking=False)  # on nodes 0 and 1 only
@@ -749,12 +751,18 @@ def test_a_late_extend_places_the_key_on_a_node_restarted_empty(servers, make_re
         nodes[2].resume()
     # No further call: the part already sent (or sent by the flusher) runs
     # once node 2 reads it, its script's source going with it on the new
-    # connection.
+    # connection. It finds no key and writes none: a copy goes back only
+    # where the client heard it missing, after a majority confirmed.
     deadline = time.monotonic() + 5.0
+    while script_runs(nodes[2]) == 0:
+        assert time.monotonic() < deadline, "the late extend never ran"
+        time.sleep(0.01)
     with nodes[2].client() as client:
-        while client.get(redlock.key("k")) != lock.value.encode():
-            assert time.monotonic() < deadline, "the late extend never placed the key"
-            time.sleep(0.01)
+        assert client.get(redlock.key("k")) is None
+    # A renewal waits for every node: it hears node 2 and puts the key back.
+    assert redlock.renew([lock]) == [RENEWED]
+    with nodes[2].client() as client:
+        assert client.get(redlock.key("k")) == lock.value.encode()
     assert lock.release() is True
 
 

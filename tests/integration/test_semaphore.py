@@ -11,7 +11,7 @@ import pytest
 from celery_redlock import Semaphore, errors
 from celery_redlock.lock.renewal import Heartbeat
 from celery_redlock.testing import RedisServer
-from tests.support import all_topologies, with_node_timeout
+from tests.support import all_topologies, heard_from, with_node_timeout
 
 pytestmark = pytest.mark.integration
 
@@ -221,11 +221,13 @@ def test_renew_reports_a_lost_slot(servers: Any, make_redlock: Any) -> None:
 
 
 def test_extend_places_the_slot_again(servers: Any, make_redlock: Any) -> None:
-    redlock = make_redlock(servers[:3])
+    # Room for heard_from's pause of node 1.
+    redlock = make_redlock(servers[:3], node_timeout=2.0)
     sem = redlock.semaphore("place", limit=1, ttl=5.0)
     assert sem.acquire(blocking=False)
     servers[0].client().delete("redlock:{place}:sem", "redlock:{place}:sem:expiry")
-    sem.extend()
+    # Once nodes 1 and 2 confirmed, the slot goes back where node 0 had it free.
+    heard_from(servers[0], servers[1], sem.extend)
     assert servers[0].client().hget("redlock:{place}:sem", "0") == sem.value.encode()
     sem.release()
 

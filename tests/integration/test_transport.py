@@ -491,7 +491,7 @@ def test_connections_per_node_stay_few(servers: ServerGroup, make_redlock):
     assert set(redlock.renew(locks)) == {"renewed"}
     # At most one more connection per node: the one a large batch travels on.
     assert all(1 <= connections(node) <= 2 for node in nodes)
-    call = Call(_EXTEND, (redlock.key("k"),), ("x", 1000, "0"))
+    call = Call(_EXTEND, (redlock.key("k"),), ("x", 1000))
     assert fan_out(redlock.nodes, [[call]] * 3, 0.5) == [[0]] * 3
 
 
@@ -566,11 +566,11 @@ def test_a_connection_sends_each_script_source_once(servers):
         key = f"once:{n}"
         batch += [
             Command(("ECHO", str(n))),
-            Call(_EXTEND, (key,), ("v", 5000, "1")),  # absent: placed (2)
-            Call(_RELEASE, (key, f"{key}:args"), ("v", "")),  # deleted (1)
+            Call(_EXTEND, (key,), ("v", 5000)),  # absent (0)
+            Call(_RELEASE, (key, f"{key}:args"), ("v", "")),  # absent (0)
         ]
-        expected += [str(n).encode(), 2, 1]
-    single = [Call(_EXTEND, ("once:single",), ("v", 5000, "0"))]
+        expected += [str(n).encode(), 0, 0]
+    single = [Call(_EXTEND, ("once:single",), ("v", 5000))]
     for _ in range(3):
         assert fan_out([node], [batch], 1.0) == [expected]
         assert fan_out([node], [single], 1.0) == [[0]]

@@ -101,12 +101,11 @@ def test_buckets_are_a_stable_hash_of_the_name_bounded_per_prefix():
     assert lock_keys("app:", "x").fence.startswith("app:fence:")
 
 
-def make_tally(held=0, placed=0, absent=0, foreign=0, unreachable=0):
+def make_tally(held=0, absent=0, foreign=0, unreachable=0):
     return Tally(
-        nodes=held + placed + absent + foreign + unreachable,
-        quorum=(held + placed + absent + foreign + unreachable) // 2 + 1,
+        nodes=held + absent + foreign + unreachable,
+        quorum=(held + absent + foreign + unreachable) // 2 + 1,
         held=held,
-        placed=placed,
         absent=absent,
         foreign=foreign,
         unreachable=unreachable,
@@ -120,8 +119,6 @@ def make_tally(held=0, placed=0, absent=0, foreign=0, unreachable=0):
         pytest.param(make_tally(held=1, unreachable=2), False, False, id="undecided"),
         pytest.param(make_tally(held=1, absent=1, unreachable=1), False, False, id="one-silent"),
         pytest.param(make_tally(held=1, absent=1, foreign=1), False, True, id="lost"),
-        # A key placed by this very call never counts towards the majority.
-        pytest.param(make_tally(held=1, placed=2), False, True, id="placed-is-not-held"),
     ],
 )
 def test_a_tally_decides_confirmed_lost_or_undecided(tally, confirmed, lost):
