@@ -40,6 +40,7 @@ from .app_state import redlock_for
 from .feature_policies import SingletonPolicy
 from .features import debounce
 from .features.rate_limit import RateGate
+from .features.redelivery import WINNER_HEADER
 from .features.singleton import (
     KEY_HEADER,
     beat_interval_name,
@@ -276,15 +277,17 @@ class Publication:
         Beat gets the queued task's result either way: an exception would
         only become an error line in its log. A copy in a canvas (a group, a
         chord, a chain's step, a call with ``link``/``link_error``) is sent all
-        the same: the canvas waits for a result under its own task id, and
-        what follows it must run, which the worker sees to once the holder has
-        ended (:mod:`.features.redelivery`).
+        the same, naming the holder: the canvas waits for a result under its
+        own task id, and what follows it must run, which the worker sees to
+        once the holder has ended, with the holder's value even if the holder
+        ended before this copy arrived (:mod:`.features.redelivery`).
         """
         task = self.task
         singleton = self.policy.singleton
         assert singleton is not None
         options = self.options
         if self.task_id != holder_id and any(options.get(name) for name in _CANVAS_OPTIONS):
+            options["headers"] = {**(options.get("headers") or {}), WINNER_HEADER: holder_id}
             return self._publish()
         signals.duplicate_suppressed.send(
             sender=task, task_id=holder_id, key=key, where="beat" if self.from_beat else "publish"

@@ -401,6 +401,50 @@ def test_revoking_a_singleton_with_a_countdown_frees_it_for_the_next_publish(
 
 
 @pytest.mark.parametrize("how", ["chain", "link"])
+def test_a_duplicate_step_delivered_after_its_twin_ended_ends_with_its_value(
+    app: Celery, deliveries: Deliveries, how: str
+) -> None:
+    """Published while the first copy runs, delivered (countdown) once it has ended: not run."""
+    add_tasks(app)
+    client = app.witness.client  # type: ignore[attr-defined]
+
+    @app.task(shared=False, name="c.after")
+    def after(value: str) -> str:
+        client.rpush("after", value)
+        return f"after {value}"
+
+    single = app.tasks["c.single"]
+    with in_process_worker(app, "threads"):
+        first = single.delay(7, 0.5)
+        deadline = time.monotonic() + 60
+        while runs(app, "single:7") < 1:
+            assert time.monotonic() < deadline, "the first copy never started"
+            time.sleep(0.05)
+        # The first copy holds the key: this one is a duplicate, sent for its canvas.
+        step = single.si(7, 0.5).set(countdown=3)
+        if how == "chain":
+            tail = chain(step, after.s()).apply_async()
+            duplicate = tail.parent
+        else:
+            duplicate = step.apply_async(link=after.s())
+            tail = None
+        value = first.get(timeout=60)
+        deadline = time.monotonic() + 60
+        while not client.llen("after"):
+            assert time.monotonic() < deadline, "the step after the duplicate never ran"
+            time.sleep(0.05)
+        if tail is not None:
+            assert tail.get(timeout=60) == f"after {value}"
+        assert duplicate.get(timeout=60) == value
+    # The test saw what it is about: the duplicate reached the worker after the first ended.
+    first_end = deliveries.first_end(first.id)
+    assert first_end is not None
+    assert min(at for tid, at in deliveries.started if tid == duplicate.id) > first_end
+    assert runs(app, "single:7") == 1
+    assert [item.decode() for item in client.lrange("after", 0, -1)] == [value]
+
+
+@pytest.mark.parametrize("how", ["chain", "link"])
 @pytest.mark.parametrize("mode", ["one", "queued"])
 def test_a_duplicate_singleton_step_runs_what_follows_it(
     app: Celery, deliveries: Deliveries, how: str, mode: str

@@ -260,6 +260,8 @@ def look_at_winner(run: RunContext, winner: str) -> tuple[bool, Any]:
     task, singleton = run.task, run.policy.singleton
     assert singleton is not None
     key = singleton.name(task.name, run.args, run.kwargs)
+    if singleton.on_duplicate == "raise":
+        stand_in(run, key, winner)  # a duplicate fails, whether its winner ended or not
     # In "queued" mode the winner may still wait as the follow-up.
     names = (key, queued_name(key)) if singleton.mode == "queued" else (key,)
     ended, value = winner_outcome(task, run.redlock, names, winner)
