@@ -17,7 +17,7 @@ cite it in their headers. Keys, for a ``key_prefix`` of ``"redlock:"``::
     redlock:done:<task id>      a run of that task id ended (short-lived; see
                                 celery_redlock/tasks/features/redelivery.py)
     redlock:{delivery:<task id>}  a lock: a run of that task id waits or runs
-                                (copies.delivery_name)
+                                (redelivery.delivery_name)
     redlock:rate:{<key>}:<alg>       a rate limit's state under one algorithm
     redlock:rate:{<key>}:<alg>:pace  the long-run pace of a fractional fixed/sliding limit
     redlock:rate:{<key>}:<budget>:<alg>[:pace]  the same for a separate budget of the limit
@@ -155,10 +155,7 @@ def semaphore_pattern(prefix: str, name_glob: str) -> str:
 
 def semaphore_name(prefix: str, key: str) -> str | None:
     """The semaphore name whose holders ``key`` is, or ``None`` when it is none."""
-    head, tail = f"{prefix}{{", f"}}{_SEMAPHORE}"
-    if not (key.startswith(head) and key.endswith(tail)) or key.startswith(f"{prefix}rate:"):
-        return None
-    return key[len(head) : -len(tail)] or None
+    return _between(key, f"{prefix}{{", f"}}{_SEMAPHORE}") or None
 
 
 def fence_bucket(prefix: str, name: str) -> str:
@@ -187,11 +184,13 @@ def lock_pattern(prefix: str, name_glob: str) -> str:
 
 def lock_name(prefix: str, key: str) -> str | None:
     """The lock name held in ``key``, or ``None`` when ``key`` is not a lock's key."""
-    if not (key.startswith(f"{prefix}{{") and key.endswith("}")):
-        return None
-    if key.startswith(f"{prefix}rate:"):
-        return None
-    return key[len(prefix) + 1 : -1]
+    return _between(key, f"{prefix}{{", "}")
+
+
+def _between(key: str, head: str, tail: str) -> str | None:
+    """What ``key`` holds between ``head`` and ``tail``; ``None`` if it is not framed by them."""
+    framed = key.startswith(head) and key.endswith(tail) and len(key) >= len(head) + len(tail)
+    return key[len(head) : len(key) - len(tail)] if framed else None
 
 
 def glob_escape(text: str) -> str:
@@ -244,11 +243,7 @@ class RateKeys:
 
     def override_key_name(self, redis_key: str) -> str | None:
         """The limit key whose override ``redis_key`` is, or ``None`` if it is none."""
-        head, tail = f"{self.prefix}{{", f"}}{_OVERRIDE}"
-        if not (redis_key.startswith(head) and redis_key.endswith(tail)):
-            return None
-        name = redis_key[len(head) : -len(tail)]
-        return name or None
+        return _between(redis_key, f"{self.prefix}{{", f"}}{_OVERRIDE}") or None
 
     def pattern(self, key_glob: str, algorithm: str) -> str:
         """A ``SCAN MATCH`` pattern for the state keys of limits matching ``key_glob``."""
@@ -256,10 +251,7 @@ class RateKeys:
 
     def limit_key(self, state_key: str, algorithm: str) -> str | None:
         """The limit's key in a state key of ``algorithm``; ``None`` if it is not one."""
-        start, end = f"{self.prefix}{{", f"}}:{algorithm}"
-        if state_key.startswith(start) and state_key.endswith(end):
-            return state_key[len(start) : -len(end)]
-        return None
+        return _between(state_key, f"{self.prefix}{{", f"}}:{algorithm}")
 
 
 def debounce_record(prefix: str, name: str) -> str:
@@ -309,16 +301,14 @@ class LockValue:
     where: str | None = None
 
     def __str__(self) -> str:
-        if self.task_id is None:
-            return self.token
-        return _SEPARATOR.join((self.token, self.task_id, self.where or ""))
+        return LockValue.compose(self.token, self.owner)
 
     @property
     def owner(self) -> str | None:
         """``task_id|where``, the part after the token; ``None`` for a bare token."""
         if self.task_id is None:
             return None
-        return f"{self.task_id}{_SEPARATOR}{self.where or ''}"
+        return LockValue.owner_text(self.task_id, self.where or "")
 
     @classmethod
     def parse(cls, text: str | bytes | None) -> LockValue | None:
@@ -328,10 +318,8 @@ class LockValue:
         if isinstance(text, bytes):
             text = text.decode("utf-8", "replace")
         parts = text.split(_SEPARATOR, 2)
-        if len(parts) == 1:
-            return cls(parts[0])
-        if len(parts) == 2:  # a free-text owner without a place
-            return cls(parts[0], parts[1], None)
+        if len(parts) < 3:  # a bare token, or a free-text owner without a place
+            return cls(*parts)
         return cls(parts[0], parts[1], parts[2] or None)
 
     @staticmethod
