@@ -15,8 +15,14 @@ from ..errors import ConfigurationError
 from ..ratelimit import Algorithm, Limit
 from ..ratelimit.algorithms import check_rate_for
 from ..ratelimit.rates import DynamicRate, Rate
-from .features.singleton import debounce_name, queued_name, singleton_key
-from .key_templates import ArgumentPlan, KeyTemplate
+from .key_templates import (
+    ArgumentPlan,
+    KeyTemplate,
+    canonical_hash,
+    debounce_name,
+    queued_name,
+    singleton_name,
+)
 from .setting_checks import Cost, RateEntry
 
 __all__ = [
@@ -76,8 +82,17 @@ class SingletonPolicy:
     mode: str = "one"
 
     def name(self, task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
-        """The singleton lock name of one call (in ``"queued"`` mode: of its running copy)."""
-        return singleton_key(self, task_name, args, kwargs)
+        """The singleton lock name of one call (in ``"queued"`` mode: of its running copy).
+
+        Without a ``singleton_key`` the key is the call's :func:`canonical_hash`.
+        """
+        kwargs = kwargs or {}
+        if self.key.source is not None:
+            return singleton_name(task_name, self.key.render(args, kwargs))
+        try:
+            return singleton_name(task_name, canonical_hash(self.key.arguments(args, kwargs)))
+        except ConfigurationError as exc:
+            raise exc.with_context(task=task_name) from None
 
     def names(self, task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[str]:
         """Every lock name one call's singleton uses: the running copy's, then the queued one's."""

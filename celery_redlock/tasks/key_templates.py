@@ -2,12 +2,16 @@
 
 A task's templates are checked against its signature once, when the task is
 defined; each call then only names its arguments (:class:`ArgumentPlan`)
-and fills the template in.
+and fills the template in. The names of a task's locks, built from those
+keys, are here too (``singleton:<task>:<key>``, ``debounce:<task>:<key>``, ...).
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
+import math
 import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -18,7 +22,19 @@ from .._layout import glob_escape
 from ..errors import ConfigurationError
 from .misspelling import closest
 
-__all__ = ["ArgumentPlan", "KeySource", "KeyTemplate", "as_delivered", "task_arguments"]
+__all__ = [
+    "ArgumentPlan",
+    "KeySource",
+    "KeyTemplate",
+    "as_delivered",
+    "beat_interval_name",
+    "beat_tick_name",
+    "canonical_hash",
+    "debounce_name",
+    "queued_name",
+    "singleton_name",
+    "task_arguments",
+]
 
 #: What a key option accepts: a template, a callable ``(args, kwargs) -> str``, or nothing.
 KeySource = str | Callable[[tuple[Any, ...], dict[str, Any]], str] | None
@@ -118,6 +134,70 @@ def task_arguments(task_class: type) -> ArgumentPlan:
     signature = inspect.signature(raw)
     parameters = list(signature.parameters.values())[1:]
     return ArgumentPlan(signature.replace(parameters=parameters))
+
+
+def _canonical(value: Any, path: str) -> Any:
+    if value is None or isinstance(value, str | bool):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return repr(value)
+        return int(value) if value.is_integer() else value
+    if isinstance(value, list | tuple):
+        return [_canonical(item, f"{path}[{n}]") for n, item in enumerate(value)]
+    if isinstance(value, Mapping):
+        items = {}
+        for name, item in value.items():
+            if not isinstance(name, str):
+                raise _unhashable(path, name)
+            items[name] = _canonical(item, f"{path}[{name!r}]")
+        return items
+    raise _unhashable(path, value)
+
+
+def _unhashable(path: str, value: Any) -> ConfigurationError:
+    return ConfigurationError(
+        "singleton_key",
+        f"argument {path} = {value!r} ({type(value).__name__}) has no stable hash; pass "
+        "JSON-like arguments or give the task a singleton_key",
+    )
+
+
+def canonical_hash(arguments: Mapping[str, Any]) -> str:
+    """A stable digest of a call's bound arguments: a singleton's key when it names none.
+
+    See :mod:`.features.singleton` for what counts as the same arguments.
+    """
+    canonical = {name: _canonical(value, name) for name, value in arguments.items()}
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def singleton_name(task_name: str, key: str) -> str:
+    """The lock name of a singleton call of ``task_name`` keyed (or argument-hashed) ``key``."""
+    return f"singleton:{task_name}:{key}"
+
+
+def queued_name(singleton: str) -> str:
+    """The lock name of the queued follow-up of the singleton ``singleton`` ("queued" mode)."""
+    return f"{singleton}:queued"
+
+
+def debounce_name(task_name: str, key: str) -> str:
+    """The name of a debounced task's key: its record and its run lock."""
+    return f"debounce:{task_name}:{key}" if key else f"debounce:{task_name}"
+
+
+def beat_tick_name(singleton: str) -> str:
+    """The lock name that marks one beat tick of the singleton called ``singleton``."""
+    return f"beat-{singleton}"
+
+
+def beat_interval_name(singleton: str) -> str:
+    """The lock name that holds one interval of the singleton's interval beat entry."""
+    return f"{beat_tick_name(singleton)}:interval"
 
 
 class KeyTemplate:

@@ -41,16 +41,10 @@ from .feature_policies import SingletonPolicy
 from .features import debounce
 from .features.rate_limit import RateGate
 from .features.redelivery import WINNER_HEADER
-from .features.singleton import (
-    KEY_HEADER,
-    beat_interval_name,
-    beat_tick_name,
-    seconds_held,
-    task_id_of,
-)
+from .features.singleton import KEY_HEADER, seconds_held, task_id_of
 from .features.singleton_call_text import call_text
 from .features.singleton_call_text import store as store_preview
-from .key_templates import as_delivered
+from .key_templates import as_delivered, beat_interval_name, beat_tick_name
 from .policies import TaskPolicy
 
 __all__ = ["Publication", "watch_beat"]

@@ -136,12 +136,7 @@ def cycle_groups(graph: dict[str, set[str]]) -> set[frozenset[str]]:
 KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 #: Imports against the layer order still in the package, each with its reason.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("celery_redlock.tasks.feature_policies", "celery_redlock.tasks.features.singleton"): (
-        "the singleton's key names; to go when key names move to _layout and singleton_key "
-        "to key_templates (issue 23, plan section 4)"
-    ),
-}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 
 def test_no_cycle_outside_the_register_and_no_stale_entry() -> None:

@@ -18,7 +18,7 @@ from celery.exceptions import MaxRetriesExceededError, WorkerLostError
 from celery_redlock import LockedTask, setup, signals
 from celery_redlock.errors import ConfigurationError, DuplicateTask
 from celery_redlock.tasks.app_state import policy_for, redlock_for
-from celery_redlock.tasks.features.singleton import canonical_hash
+from celery_redlock.tasks.key_templates import canonical_hash
 from celery_redlock.testing import RedisServer
 
 from .support import free_now, in_process_worker, overlaps, wait_for_event, wait_free
@@ -256,9 +256,8 @@ def test_revoking_a_queued_singleton_frees_it(app: Celery, lock_nodes: list[Redi
 
 
 def task_singleton_key(task: Any, n: int) -> str:
-    from celery_redlock.tasks.features.singleton import singleton_key
-
-    return singleton_key(task._redlock_policy.singleton, task.name, (n,), {})
+    name: str = task._redlock_policy.singleton.name(task.name, (n,), {})
+    return name
 
 
 class TestCanonicalHash:

@@ -43,10 +43,11 @@ from typing import NoReturn
 from ... import signals
 from ..._layout import QUEUED, LockValue
 from ...errors import LockNotAcquired, QuorumUnavailable
+from ..key_templates import queued_name
 from ..run_context import RunContext
 from ..run_endings import jittered, requeue_unavailable, requeue_uncounted
 from .redelivery import duplicate_found
-from .singleton import queued_name, task_id_of
+from .singleton import task_id_of
 
 __all__ = ["FOLLOW_UP_POLL", "running", "wait_or_end"]
 

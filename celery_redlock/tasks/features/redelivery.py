@@ -72,9 +72,10 @@ from ...errors import DuplicateTask
 from ...lock.quorum import failed, reply
 from ...lock.redlock import Redlock
 from ...transport.nodes import Command, fan_out
+from ..key_templates import queued_name
 from ..run_context import RunContext
 from ..run_endings import end_as_duplicate, held_at_most, jittered, resend_with
-from .singleton import queued_name, seconds_held, task_id_of
+from .singleton import seconds_held, task_id_of
 
 __all__ = [
     "DONE_TTL_FACTOR",

@@ -10,15 +10,16 @@ task it takes over that same lock (value ``token|task_id|queued`` becomes
 ``token|task_id|host:pid``), the heartbeat keeps it, and it is released
 when the run ends.
 
-Argument hashing is canonical: arguments are bound to the task's signature
-with defaults applied, so ``f(7)``, ``f(x=7)`` and ``f(7, flag=False)``
-(when ``flag`` defaults to ``False``) are one key, whatever the keyword
-order. Numbers compare as Python does: ``1`` and ``1.0`` are the same key
-(as ``1 == 1.0``), but ``True`` is not ``1``; tuples and lists are the same;
-dict keys are sorted. Values that are not JSON-like (``str``, numbers,
-``bool``, ``None``, lists, tuples, dicts with string keys) cannot be hashed
-stably and raise :class:`~celery_redlock.errors.ConfigurationError`: pass a
-``singleton_key`` for such tasks.
+Argument hashing is canonical (:func:`..key_templates.canonical_hash`):
+arguments are bound to the task's signature with defaults applied, so
+``f(7)``, ``f(x=7)`` and ``f(7, flag=False)`` (when ``flag`` defaults to
+``False``) are one key, whatever the keyword order. Numbers compare as
+Python does: ``1`` and ``1.0`` are the same key (as ``1 == 1.0``), but
+``True`` is not ``1``; tuples and lists are the same; dict keys are sorted.
+Values that are not JSON-like (``str``, numbers, ``bool``, ``None``, lists,
+tuples, dicts with string keys) cannot be hashed stably and raise
+:class:`~celery_redlock.errors.ConfigurationError`: pass a ``singleton_key``
+for such tasks.
 
 Publish-side limits: ``app.send_task`` and ``signature.apply_async()`` for a
 task not registered in the publishing app do not go through the task
@@ -28,29 +29,18 @@ second copy while one runs.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..._layout import QUEUED, LockValue
-from ...errors import ConfigurationError
 
 if TYPE_CHECKING:
     from ...lock.redlock import Redlock
 
 __all__ = [
     "KEY_HEADER",
-    "beat_interval_name",
-    "beat_tick_name",
-    "canonical_hash",
-    "debounce_name",
     "queued_marker",
-    "queued_name",
     "seconds_held",
-    "singleton_key",
     "task_id_of",
 ]
 
@@ -60,74 +50,6 @@ logger = logging.getLogger("celery_redlock.singleton")
 #: the one its run handed back, whatever the copy's own arguments render
 #: (``self.retry(args=...)``), so that the call keeps one key to its end.
 KEY_HEADER = "redlock_singleton"
-
-
-def _canonical(value: Any, path: str) -> Any:
-    if value is None or isinstance(value, str | bool):
-        return value
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return repr(value)
-        return int(value) if value.is_integer() else value
-    if isinstance(value, list | tuple):
-        return [_canonical(item, f"{path}[{n}]") for n, item in enumerate(value)]
-    if isinstance(value, Mapping):
-        items = {}
-        for name, item in value.items():
-            if not isinstance(name, str):
-                raise _unhashable(path, name)
-            items[name] = _canonical(item, f"{path}[{name!r}]")
-        return items
-    raise _unhashable(path, value)
-
-
-def _unhashable(path: str, value: Any) -> ConfigurationError:
-    return ConfigurationError(
-        "singleton_key",
-        f"argument {path} = {value!r} ({type(value).__name__}) has no stable hash; pass "
-        "JSON-like arguments or give the task a singleton_key",
-    )
-
-
-def canonical_hash(arguments: Mapping[str, Any]) -> str:
-    """A stable digest of a call's bound arguments (see the module docs)."""
-    canonical = {name: _canonical(value, name) for name, value in arguments.items()}
-    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def singleton_key(policy: Any, task_name: str, args: Sequence[Any], kwargs: Any) -> str:
-    """The singleton lock name of one call of ``task_name``."""
-    template = policy.key
-    if template.source is None:
-        try:
-            digest = canonical_hash(template.arguments(args, kwargs or {}))
-        except ConfigurationError as exc:
-            raise exc.with_context(task=task_name) from None
-        return f"singleton:{task_name}:{digest}"
-    return f"singleton:{task_name}:{template.render(args, kwargs or {})}"
-
-
-def queued_name(singleton: str) -> str:
-    """The lock name of the queued follow-up of the singleton ``singleton`` ("queued" mode)."""
-    return f"{singleton}:queued"
-
-
-def debounce_name(task_name: str, key: str) -> str:
-    """The name of a debounced task's key: its record and its run lock."""
-    return f"debounce:{task_name}:{key}" if key else f"debounce:{task_name}"
-
-
-def beat_tick_name(singleton: str) -> str:
-    """The lock name that marks one beat tick of the singleton called ``singleton``."""
-    return f"beat-{singleton}"
-
-
-def beat_interval_name(singleton: str) -> str:
-    """The lock name that holds one interval of the singleton's interval beat entry."""
-    return f"{beat_tick_name(singleton)}:interval"
 
 
 def queued_marker(task_id: str) -> str:
