@@ -318,6 +318,30 @@ class Lock(Lease):
         self.lost_reason = f"its validity had run out; {tally.describe()}"
         return False
 
+    def hand_over(self, owner: str, ttl: float) -> bool:
+        """Pass this held lock to ``owner`` for ``ttl`` seconds, never freeing it in between.
+
+        A new value for ``owner`` replaces this acquisition's own where it
+        still holds (never another holder's); when a majority take it, this
+        object holds nothing more (its :meth:`release` returns ``False``) and
+        the new holder is the one to release or let it expire. A worker hands
+        a singleton's lock back to the "queued" state this way for the retry
+        it has just re-queued. Returns ``False`` when fewer than a majority
+        took the new value: it is undone as any failed attempt is, and this
+        object keeps its acquisition (lost on a node the attempt replaced).
+
+        Raises:
+            QuorumUnavailable: too few nodes answered to tell.
+        """
+        successor = Lock(
+            self.redlock, self.name, ttl, owner=owner, replaces=LockValue.ending(self.owner or "")
+        )
+        if not successor.acquire(blocking=False):
+            return False
+        with self._mutex:
+            self._forget()
+        return True
+
     def _give_up(self, value: str, reason: str) -> None:
         """Forget the acquisition and delete it wherever it is still ours."""
         self.lost_reason = reason

@@ -331,16 +331,10 @@ class TaskRun:
         held.released = True
         heartbeat().drop(held)
         lock = held.lock
-        if requeued and held.singleton_ttl and held.task_id and lock.locked():
-            handback = self.redlock.lock(
-                lock.name,
-                ttl=held.singleton_ttl,
-                owner=LockValue.owner_text(held.task_id, QUEUED),
-                replaces=LockValue.ending(lock.owner or ""),
-            )
+        ttl = held.singleton_ttl
+        if requeued and ttl and held.task_id and isinstance(lock, Lock) and lock.locked():
             try:
-                if handback.acquire(blocking=False):
-                    lock._forget()
+                if lock.hand_over(LockValue.owner_text(held.task_id, QUEUED), ttl):
                     self.handed_back.append(lock.name)
                     return
             except QuorumUnavailable:

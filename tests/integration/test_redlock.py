@@ -715,6 +715,31 @@ def test_a_lock_is_extended_and_released_from_another_object_by_its_token(server
         stranger.extend()
 
 
+def test_hand_over_passes_the_held_key_to_a_new_owner_without_freeing_it(servers, make_redlock):
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    lock = redlock.lock("k", ttl=2.0, owner="job-7|host:1")
+    assert lock.acquire(blocking=False)
+    assert lock.hand_over("job-7|queued", ttl=30.0) is True
+    assert not lock.locked()
+    assert lock.release() is False  # nothing left to release: the key is the new owner's
+    value = redlock.holder("k")
+    assert value is not None
+    assert value.endswith("|job-7|queued")
+    with nodes[0].client() as client:
+        assert client.pttl(redlock.key("k")) > 20_000
+    # Another owner's key is never replaced: the hand-over fails, the lock is kept.
+    other = redlock.lock("j", ttl=5.0, owner="job-8|host:1")
+    assert other.acquire(blocking=False)
+    for node in nodes[:2]:
+        with node.client() as client:
+            client.set(redlock.key("j"), "another-owner", px=5000)
+    assert other.hand_over("job-8|queued", ttl=30.0) is False
+    assert other.locked()
+    with nodes[0].client() as client:
+        assert client.get(redlock.key("j")) == b"another-owner"
+
+
 def test_extend_places_the_key_on_a_node_that_came_back(servers, make_redlock):
     nodes = servers[:3]
     # Room for heard_from's pause of node 0.
