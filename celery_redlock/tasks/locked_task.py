@@ -97,7 +97,7 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_ttl: float | None = None
     #: Seconds to wait for a busy lock before ``on_lock_busy`` applies (default 0).
     lock_timeout: float | None = None
-    #: What to do when the lock is busy: ``"retry"`` (re-queue with a jittered
+    #: What to do when the lock is busy: ``"retry"`` (default: re-queue with a jittered
     #: backoff capped at the lock's ttl and 30 s, not counted against
     #: ``max_retries``), ``"skip"`` (end as ignored) or ``"raise"``.
     on_lock_busy: str | None = None
@@ -110,13 +110,16 @@ class LockedTask(Task):  # type: ignore[misc]
     #: Take a run lock at all (default: yes, unless the task only asks for a
     #: singleton or a rate limit and names no ``lock_key``).
     lock_enabled: bool | None = None
-    #: One queued-or-running copy per task and arguments (see :mod:`.features.singleton`).
+    #: One queued-or-running copy per task and arguments (default ``False``; see
+    #: :mod:`.features.singleton`).
     singleton: bool | None = None
     #: Template or callable naming the singleton instead of the argument hash.
     singleton_key: KeySource = None
-    #: Seconds a published singleton holds its key while queued (default 3600).
+    #: Seconds a published singleton holds its key while queued
+    #: (default ``app.conf.redlock_singleton_ttl``, else 3600).
     singleton_ttl: float | None = None
-    #: A duplicate publish: ``"return"`` the queued task's result (default) or ``"raise"``.
+    #: A duplicate publish (default ``app.conf.redlock_on_duplicate``, else
+    #: ``"return"``): ``"return"`` the queued task's result or ``"raise"``.
     on_duplicate: str | None = None
     #: Beat publishes this close together (seconds) are one tick (default 0.5):
     #: two beat processes on one schedule publish once (an interval entry's
@@ -141,7 +144,7 @@ class LockedTask(Task):  # type: ignore[misc]
     global_rate_limit: Any = None
     #: Template or callable naming the limit (default: the task name).
     rate_limit_key: KeySource = None
-    #: A limited run: ``"retry"`` when the window allows (default; not counted
+    #: A limited run: ``"retry"`` (default: when the window allows, not counted
     #: against ``max_retries``), ``"skip"`` or ``"raise"``.
     on_rate_limited: str | None = None
     #: ``"sliding"`` (default: never more than the limit in any window of one
@@ -153,7 +156,7 @@ class LockedTask(Task):  # type: ignore[misc]
     rate_limit_cost: Any = None
     #: The configured rate is a ceiling: each refusal reported by
     #: :meth:`rate_limited` lowers the rate in force, which climbs back while
-    #: none comes (the law: docs/rate-limiting.md, "Adaptive rates").
+    #: none comes (default ``False``; the law: docs/rate-limiting.md, "Adaptive rates").
     rate_limit_adaptive: bool | None = None
     #: At most this many runs at once per ``concurrency_key``, across every
     #: worker: each run holds a slot while its body runs (renewed like the

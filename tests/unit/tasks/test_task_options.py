@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import re
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from celery_redlock import LockedTask
 from celery_redlock.errors import ConfigurationError
 from celery_redlock.ratelimit.rates import DynamicRate, Rate
 from celery_redlock.tasks import options
@@ -18,6 +22,50 @@ from celery_redlock.tasks.settings import Settings
 
 PLAN = ArgumentPlan(inspect.signature(lambda user_id, page=1: None))
 SETTINGS = Settings(nodes=("redis://127.0.0.1:1/0",))
+ROOT = Path(__file__).resolve().parents[3]
+#: A default value as the docs write one: a number, a quoted word, None, False or True.
+LITERAL = r'[\d.]+|"\w+"|None|False|True'
+
+
+def shown(value: Any) -> str:
+    """A default as the docs write it: ``3600`` for 3600.0, ``"retry"`` for a string."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f'"{value}"' if isinstance(value, str) else str(value)
+
+
+def documented_defaults() -> dict[str, str]:
+    """The default column of each option's row in docs/configuration.md's option tables."""
+    section = (ROOT / "docs" / "configuration.md").read_text().split("## Task options", 1)[1]
+    found: dict[str, str] = {}
+    header: list[str] | None = None
+    for line in section.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif header[:3] == ["option", "type", "default"] and re.fullmatch(r"`\w+`", cells[0]):
+            found.setdefault(cells[0].strip("`"), cells[2])
+    return found
+
+
+def attribute_comments() -> dict[str, str]:
+    """The ``#:`` comment above each option attribute of LockedTask, as one line."""
+    source = (ROOT / "celery_redlock" / "tasks" / "locked_task.py").read_text()
+    found: dict[str, str] = {}
+    block: list[str] = []
+    for line in source.splitlines():
+        text = line.strip()
+        if text.startswith("#:"):
+            block.append(text[2:].strip())
+            continue
+        declared = re.match(r"(\w+): .+ = None$", text)
+        if declared and block:
+            found[declared.group(1)] = " ".join(block)
+        block = []
+    return found
 
 
 def policy(**given: Any) -> TaskPolicy:
@@ -42,6 +90,29 @@ class TestTheOptionList:
         for option in options.TASK_OPTIONS:
             if option.default is not None:
                 assert option.check(option.default, option.name) == option.default
+
+    def test_the_documented_defaults_are_the_option_list_s(self) -> None:
+        # LockedTask leaves every option at None, so the list's default (or a
+        # setting's) applies; its comments and the docs' tables state them.
+        documented, comments = documented_defaults(), attribute_comments()
+        setting_defaults = {f"redlock_{f.name}": f.default for f in dataclasses.fields(Settings)}
+        for option in options.TASK_OPTIONS:
+            assert getattr(LockedTask, option.name) is None, option.name
+            cell, comment = documented[option.name], comments[option.name]
+            literals = re.findall(f"`({LITERAL})`", cell)
+            stated = re.findall(f"(?:\\(default:?|, else) (?:``)?({LITERAL})(?![\\w.])", comment)
+            stated += re.findall(r"``(\"\w+\")`` \(default", comment)
+            if option.default is None:
+                assert set(literals) <= {"None"}, option.name
+                assert set(stated) <= {"None"}, option.name
+            else:
+                assert literals == [shown(option.default)], option.name
+                assert stated == [shown(option.default)], option.name
+            if option.setting is not None:
+                assert f"`{option.setting}`" in cell, option.name
+                assert option.setting in comment, option.name
+                for number in re.findall(r"(?:\(|``, )(\d+)\)", cell + comment):
+                    assert float(number) == setting_defaults[option.setting], option.name
 
     def test_a_default_from_the_settings_names_a_setting(self) -> None:
         with_setting = [option for option in options.TASK_OPTIONS if option.setting]
