@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..lock.redlock import Redlock
 from ..ratelimit import RateLimiter
@@ -40,6 +41,7 @@ def enabled_for(app: Any) -> bool:
     return True if value is None else check.flag(value, "redlock_enabled")
 
 
+_T = TypeVar("_T")
 _cache_lock = threading.Lock()
 _settings: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
 _redlocks: weakref.WeakKeyDictionary[Any, Redlock] = weakref.WeakKeyDictionary()
@@ -59,43 +61,39 @@ def settings_for(app: Any) -> Settings:
         return found
 
 
+def _built(cache: weakref.WeakKeyDictionary[Any, _T], app: Any, make: Callable[[], _T]) -> _T:
+    """``cache[app]``, made on first use (outside the lock: making one may connect)."""
+    with _cache_lock:
+        found = cache.get(app)
+    if found is not None:
+        return found
+    made = make()
+    with _cache_lock:
+        return cache.setdefault(app, made)
+
+
 def redlock_for(app: Any) -> Redlock:
     """The app's Redlock, built on first use and shared by its tasks.
 
     Safe across ``fork()``: a child process opens connections of its own.
     """
-    with _cache_lock:
-        found = _redlocks.get(app)
-    if found is not None:
-        return found
-    made = settings_for(app).make_redlock()
-    with _cache_lock:
-        return _redlocks.setdefault(app, made)
+    return _built(_redlocks, app, lambda: settings_for(app).make_redlock())
 
 
 def limiter_for(app: Any) -> RateLimiter:
     """The app's RateLimiter: on ``redlock_rate_limit_url``, else the first lock node."""
-    with _cache_lock:
-        found = _limiters.get(app)
-    if found is not None:
-        return found
-    made = settings_for(app).make_limiter()
-    with _cache_lock:
-        return _limiters.setdefault(app, made)
+    return _built(_limiters, app, lambda: settings_for(app).make_limiter())
 
 
 def debounce_store_for(app: Any) -> DebounceStore:
     """The app's debounce store: on ``redlock_rate_limit_url``, else the first lock node."""
-    with _cache_lock:
-        found = _debounce_stores.get(app)
-    if found is not None:
-        return found
-    settings = settings_for(app)
-    made = DebounceStore(
-        settings.rate_limit_url or settings.nodes[0], key_prefix=settings.key_prefix
-    )
-    with _cache_lock:
-        return _debounce_stores.setdefault(app, made)
+
+    def make() -> DebounceStore:
+        settings = settings_for(app)
+        where = settings.rate_limit_url or settings.nodes[0]
+        return DebounceStore(where, key_prefix=settings.key_prefix)
+
+    return _built(_debounce_stores, app, make)
 
 
 def policy_for(task: Any) -> TaskPolicy | None:
@@ -123,12 +121,7 @@ def forget(app: Any) -> None:
     with _cache_lock:
         _settings.pop(app, None)
         _policies.pop(app, None)
-        redlock = _redlocks.pop(app, None)
-        limiter = _limiters.pop(app, None)
-        store = _debounce_stores.pop(app, None)
-    if redlock is not None:
-        redlock.close()
-    if limiter is not None:
-        limiter.close()
-    if store is not None:
-        store.close()
+        made = (_redlocks.pop(app, None), _limiters.pop(app, None), _debounce_stores.pop(app, None))
+    for each in made:
+        if each is not None:
+            each.close()
