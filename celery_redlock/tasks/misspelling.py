@@ -29,58 +29,39 @@ def normal(name: str) -> str:
     return name.lower().replace("_", "").replace("-", "")
 
 
-def distance(a: str, b: str) -> int:
+def distance(a: str, b: str, within: int | None = None) -> int | None:
     """Edits from ``a`` to ``b``: letters added, dropped or replaced, neighbours swapped.
 
     The optimal string alignment distance (Damerau-Levenshtein without
-    editing a substring twice).
+    editing a substring twice). With ``within``, ``None`` when there are more
+    edits than that: it is then computed only near the diagonal and given up
+    as soon as a row exceeds it, so that a near miss of a short name costs a
+    few dozen steps and every task attribute can be checked at definition.
     """
+    if within is None:
+        within = max(len(a), len(b))
+    if abs(len(a) - len(b)) > within:
+        return None
+    far, width = within + 1, len(b)
     previous2: list[int] = []
-    previous = list(range(len(b) + 1))
+    previous = [j if j <= within else far for j in range(width + 1)]
     for i, left in enumerate(a, 1):
-        current = [i] + [0] * len(b)
-        for j, right in enumerate(b, 1):
-            cost = left != right
-            current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + cost)
+        current = [i if i <= within else far] + [far] * width
+        for j in range(max(1, i - within), min(width, i + within) + 1):
+            right = b[j - 1]
+            best = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (left != right))
             if i > 1 and j > 1 and left == b[j - 2] and a[i - 2] == right:
-                current[j] = min(current[j], previous2[j - 2] + 1)
+                best = min(best, previous2[j - 2] + 1)
+            current[j] = min(best, far)
+        if min(current) > within:
+            return None
         previous2, previous = previous, current
-    return previous[-1]
-
-
-def _allowed(valid_normal: str) -> int:
-    return 2 if len(valid_normal) >= LONG_NAME else 1
+    return previous[width] if previous[width] <= within else None
 
 
 def _edits(given: str, wanted: str) -> int | None:
-    """Edits between two normal forms when within the allowance for ``wanted``, else ``None``.
-
-    :func:`distance`, computed only near the diagonal and given up as soon as
-    a row exceeds the allowance: a near miss of a short name costs a few
-    dozen steps, so every task attribute can be checked at definition.
-    """
-    allowed = _allowed(wanted)
-    if abs(len(given) - len(wanted)) > allowed:
-        return None
-    far = allowed + 1
-    width = len(wanted)
-    previous2: list[int] = []
-    previous = [j if j <= allowed else far for j in range(width + 1)]
-    for i, left in enumerate(given, 1):
-        current = [far] * (width + 1)
-        if i <= allowed:
-            current[0] = i
-        for j in range(max(1, i - allowed), min(width, i + allowed) + 1):
-            right = wanted[j - 1]
-            cost = left != right
-            best = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + cost)
-            if i > 1 and j > 1 and left == wanted[j - 2] and given[i - 2] == right:
-                best = min(best, previous2[j - 2] + 1)
-            current[j] = min(best, far)
-        if min(current) > allowed:
-            return None
-        previous2, previous = previous, current
-    return previous[width] if previous[width] <= allowed else None
+    """:func:`distance` when within the allowance for ``wanted`` (see the module doc)."""
+    return distance(given, wanted, 2 if len(wanted) >= LONG_NAME else 1)
 
 
 def _same_words(name: str, valid: str) -> bool:
