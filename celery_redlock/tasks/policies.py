@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._validators import MAX_TTL, check_ttl
 from ..errors import ConfigurationError
@@ -31,6 +31,14 @@ if TYPE_CHECKING:
     from .settings import Settings
 
 __all__ = ["TaskPolicy"]
+
+_P = TypeVar("_P", LockPolicy, ConcurrencyPolicy, SingletonPolicy, RatePolicy)
+#: The options a run lock and a concurrency limit share, and their fields.
+_BUSY_FIELDS = {
+    "lock_timeout": "timeout",
+    "on_lock_busy": "on_busy",
+    "lock_busy_max_requeues": "max_requeues",
+}
 
 
 @dataclass(frozen=True)
@@ -168,13 +176,8 @@ class TaskPolicy:
     @property
     def active(self) -> bool:
         """Whether there is anything to do around this task."""
-        return (
-            self.lock is not None
-            or self.singleton is not None
-            or self.rate is not None
-            or self.concurrency is not None
-            or self.debounce is not None
-        )
+        features = (self.lock, self.singleton, self.rate, self.concurrency, self.debounce)
+        return any(feature is not None for feature in features)
 
     def resolve(self, settings: Settings) -> TaskPolicy:
         """The policy with the app's defaults filled in, checked against its settings.
@@ -214,39 +217,20 @@ class TaskPolicy:
         Takes the options a call may override (see :mod:`.call_overrides`); a value
         for a feature the task does not have changes nothing.
         """
-        lock, singleton, rate = self.lock, self.singleton, self.rate
-        concurrency = self.concurrency
-        if lock is not None:
-            lock = dataclasses.replace(
-                lock,
-                timeout=values.get("lock_timeout", lock.timeout),
-                on_busy=values.get("on_lock_busy", lock.on_busy),
-                max_requeues=values.get("lock_busy_max_requeues", lock.max_requeues),
-            )
-        if concurrency is not None:
-            # A full limit is waited for and handled as a busy lock is.
-            concurrency = dataclasses.replace(
-                concurrency,
-                timeout=values.get("lock_timeout", concurrency.timeout),
-                on_busy=values.get("on_lock_busy", concurrency.on_busy),
-                max_requeues=values.get("lock_busy_max_requeues", concurrency.max_requeues),
-            )
-        if singleton is not None:
-            singleton = dataclasses.replace(
-                singleton,
-                on_duplicate=values.get("on_duplicate", singleton.on_duplicate),
-                ttl=values.get("singleton_ttl", singleton.ttl),
-            )
-        if rate is not None:
-            rate = dataclasses.replace(
-                rate, on_limited=values.get("on_rate_limited", rate.on_limited)
-            )
+
+        def changed(policy: _P | None, fields: Mapping[str, str]) -> _P | None:
+            given = {field: values[name] for name, field in fields.items() if name in values}
+            return None if policy is None else dataclasses.replace(policy, **given)
+
         return dataclasses.replace(
             self,
-            lock=lock,
-            singleton=singleton,
-            rate=rate,
-            concurrency=concurrency,
+            lock=changed(self.lock, _BUSY_FIELDS),
+            # A full limit is waited for and handled as a busy lock is.
+            concurrency=changed(self.concurrency, _BUSY_FIELDS),
+            singleton=changed(
+                self.singleton, {"on_duplicate": "on_duplicate", "singleton_ttl": "ttl"}
+            ),
+            rate=changed(self.rate, {"on_rate_limited": "on_limited"}),
             ttl=values.get("lock_ttl", self.ttl),
             progress_timeout=values.get("lock_progress_timeout", self.progress_timeout),
         )
