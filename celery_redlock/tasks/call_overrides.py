@@ -199,17 +199,13 @@ def from_request(request: Any) -> Any:
 
 
 def _has(policy: TaskPolicy, feature: str) -> bool:
-    if feature == "lock":
-        return policy.lock is not None or policy.concurrency is not None
-    if feature == "held":
-        return (
-            policy.lock is not None
-            or policy.singleton is not None
-            or policy.concurrency is not None
-        )
-    if feature == "singleton":
-        return policy.singleton is not None
-    return policy.rate is not None
+    parts = {
+        "lock": (policy.lock, policy.concurrency),
+        "held": (policy.lock, policy.singleton, policy.concurrency),
+        "singleton": (policy.singleton,),
+        "rate": (policy.rate,),
+    }
+    return any(part is not None for part in parts[feature])
 
 
 def _not_per_call(name: str) -> str:
