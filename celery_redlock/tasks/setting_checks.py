@@ -26,7 +26,7 @@ from ..errors import ConfigurationError
 from ..lock.semaphore import MAX_LIMIT as MAX_SLOTS
 from ..ratelimit.algorithms import Algorithm, check_algorithm
 from ..ratelimit.limit import MAX_LIMITS
-from ..ratelimit.rates import DynamicRate, Rate, parse_rate, rate_source
+from ..ratelimit.rates import DynamicRate, Rate, rate_source
 
 __all__ = [
     "Cost",
@@ -35,7 +35,6 @@ __all__ = [
     "cost",
     "flag",
     "positive_int",
-    "rate",
     "rate_limits",
     "redis_url",
     "redis_urls",
@@ -110,14 +109,6 @@ def table(value: Any, option: str) -> Mapping[str, Mapping[str, Any]]:
             option, f"expected {{task name: {{option: value}}}}, got {value!r}"
         )
     return value
-
-
-def rate(value: Any, option: str) -> Rate:
-    """A rate in Celery's syntax (``"10/s"``, ``"100/m"``, ``"1000/h"``)."""
-    try:
-        return parse_rate(value, option=option)
-    except ConfigurationError as exc:
-        raise exc.with_context(option=option) from None
 
 
 #: ``rate_limit_cost``: units per run, or a callable ``(args, kwargs) -> int``.

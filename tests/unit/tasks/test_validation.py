@@ -12,6 +12,7 @@ import redis
 from celery_redlock.errors import ConfigurationError
 from celery_redlock.ratelimit.rates import Rate
 from celery_redlock.tasks import setting_checks as check
+from celery_redlock.tasks.setting_checks import RateEntry
 
 
 def problem(validator: Any, value: Any, *args: Any, **kwargs: Any) -> str:
@@ -125,8 +126,8 @@ class TestStringsAndRedis:
 
 class TestRate:
     def test_celery_syntax(self) -> None:
-        assert check.rate("100/m", "opt") == Rate(limit=100, period=60.0)
+        assert check.rate_limits("100/m", "opt") == (RateEntry(Rate(limit=100, period=60.0)),)
 
     def test_problems_name_the_option_given(self) -> None:
-        assert problem(check.rate, "5/x").startswith("'5/x' has an unknown unit 'x'")
-        assert problem(check.rate, "0/s").startswith("'0/s' allows no calls")
+        assert problem(check.rate_limits, "5/x").startswith("'5/x' has an unknown unit 'x'")
+        assert problem(check.rate_limits, "0/s").startswith("'0/s' allows no calls")
