@@ -31,27 +31,48 @@ records the worker process's CPU time and voluntary context switches, and
 the lock nodes' CPU time, per task. Every run is checked: N results, all
 ``SUCCESS``, no lock key left. Variants run interleaved, 3 rounds each.
 
+``--pool prefork`` (concurrency 2) and ``--pool gevent`` (concurrency 100)
+measure the same way through a worker in a process of its own, started for
+each run with ``celery -A _task_worker worker`` (whose app module builds the
+same app from environment variables; the celery command patches for gevent
+before anything is imported). Its ``task_prerun``/``task_postrun`` handlers
+stamp the span in the broker's server: ``time.monotonic()`` (system-wide, so
+the pool processes' stamps compare) and the CPU time and voluntary switches
+of the whole worker, main process and pool processes (``psutil``,
+``/proc``), at the first task's start and at the N-th success, which they
+count with one ``INCR`` per task. The ``concurrency_limit=4`` variants run
+only where the pool's concurrency is 4 or less (prefork).
+
 Usage::
 
     python benchmarks/task_bench.py             # about 2 minutes
     python benchmarks/task_bench.py --quick     # about 25 seconds
     python benchmarks/task_bench.py --markdown  # tables for docs/performance.md
     python benchmarks/task_bench.py --tasks 2000  # tasks per run (default 1,500)
+    python benchmarks/task_bench.py --pool prefork  # or gevent: a worker process per run,
+                                                    # about 3 minutes with --quick
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
+import os
 import resource
+import signal
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -76,6 +97,12 @@ except ImportError:  # told in the output
 warnings.filterwarnings("ignore", message="Call to deprecated setex", category=DeprecationWarning)
 
 CONCURRENCY = 4
+#: Each pool's concurrency: threads in the benchmark's process, the others in
+#: a ``celery worker`` process of their own.
+POOLS = {"threads": CONCURRENCY, "prefork": 2, "gevent": 100}
+#: The package each process pool comes from, named in the output.
+POOL_PACKAGES = {"prefork": "billiard", "gevent": "gevent"}
+HERE = Path(__file__).resolve().parent
 QUEUE = "bench"
 #: Key prefix of the lock nodes.
 PREFIX = "bench:"
@@ -274,6 +301,15 @@ class Stopwatch:
 
 
 @dataclass(frozen=True)
+class Span:
+    """What the worker measured: first task started to the N-th successful one ended."""
+
+    elapsed: float  # seconds
+    cpu: float  # CPU seconds of the worker in that time
+    switches: int  # its voluntary context switches in that time
+
+
+@dataclass(frozen=True)
 class Run:
     tasks: int
     worker_elapsed: float  # first task started to last result stored
@@ -317,28 +353,27 @@ class Bench:
         if variant.paused:
             nodes = nodes[:-1]  # a stopped server tells nothing; resumed before the check
         node_cpu = sum(server_cpu(node) for node in nodes)
-        self.stopwatch.reset(self.count)
         if variant.paused:
             self.servers[variant.nodes - 1].pause()
         try:
-            self.drain(variant)
+            span = self.drain(variant)
         finally:
             if variant.paused:
                 self.servers[variant.nodes - 1].resume()
         node_cpu = sum(server_cpu(node) for node in nodes) - node_cpu
         self.check(variant)
-        watch = self.stopwatch
         return Run(
             self.count,
-            worker_elapsed=watch.last - watch.first,
-            worker_cpu=watch.last_usage.cpu - watch.first_usage.cpu,
-            worker_switches=watch.last_usage.switches - watch.first_usage.switches,
+            worker_elapsed=span.elapsed,
+            worker_cpu=span.cpu,
+            worker_switches=span.switches,
             node_cpu=node_cpu,
             publish_elapsed=publish_elapsed,
         )
 
-    def drain(self, variant: Variant) -> None:
+    def drain(self, variant: Variant) -> Span:
         """Start a worker, wait until it has run every task, stop it."""
+        self.stopwatch.reset(self.count)
         with start_worker(
             self.workers[variant.nodes],
             pool="threads",
@@ -350,6 +385,12 @@ class Bench:
         ):
             if not self.stopwatch.done.wait(120):
                 raise RuntimeError(f"{variant.name}: the worker did not finish the tasks")
+        watch = self.stopwatch
+        return Span(
+            elapsed=watch.last - watch.first,
+            cpu=watch.last_usage.cpu - watch.first_usage.cpu,
+            switches=watch.last_usage.switches - watch.first_usage.switches,
+        )
 
     def check(self, variant: Variant) -> None:
         """Every task ran once and succeeded, and no lock key is left.
@@ -384,6 +425,95 @@ class Bench:
         for app in [*self.workers.values(), *self.publishers.values()]:
             app_state.forget(app)
             app.close()
+
+
+class ProcessBench(Bench):
+    """The worker in its own process: ``celery worker --pool prefork`` or ``gevent``.
+
+    Its app is ``_task_worker.py``'s, the same tasks as the threads pool's;
+    the worker stamps the span it ran in the broker's server (database 2).
+    """
+
+    def __init__(self, broker_url: str, servers: list[Any], count: int, pool: str) -> None:
+        super().__init__(broker_url, servers, count)  # its in-process worker apps stay unused
+        self.pool = pool
+        self.node_urls = [server.url for server in servers]
+        server = broker_url.rsplit("/", 1)[0]
+        self.stamps = redis.Redis.from_url(f"{server}/2")
+        self.files = tempfile.TemporaryDirectory(prefix="task-bench-")
+        self.log = Path(self.files.name) / "worker.log"
+        path = os.environ.get("PYTHONPATH")
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": f"{HERE}{os.pathsep}{path}" if path else str(HERE),
+            "BENCH_BROKER": broker_url,
+            "BENCH_BACKEND": f"{server}/1",
+            "BENCH_STAMPS": f"{server}/2",
+            "BENCH_TASKS": str(count),
+        }
+
+    def drain(self, variant: Variant) -> Span:
+        """Start ``celery worker``, wait for its N-th successful task, stop it."""
+        self.stamps.flushdb()
+        command = [
+            *(sys.executable, "-m", "celery", "-A", "_task_worker", "worker"),
+            *("--pool", self.pool, "--concurrency", str(POOLS[self.pool])),
+            *("--queues", QUEUE, "--loglevel", "WARNING", "--hostname", f"bench-{self.pool}@%h"),
+            *("--without-heartbeat", "--without-mingle", "--without-gossip"),
+        ]
+        env = {**self.env, "BENCH_NODES": ",".join(self.node_urls[: variant.nodes])}
+        with self.log.open("wb") as log:
+            worker = subprocess.Popen(
+                command,
+                cwd=HERE,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its pool's processes stopped with it
+            )
+            try:
+                last = self.wait_last(worker, variant)
+            finally:
+                self.stop(worker)
+        first = json.loads(self.stamps.get("first") or "{}")
+        return Span(
+            elapsed=last["time"] - first["time"],
+            cpu=last["cpu"] - first["cpu"],
+            switches=last["switches"] - first["switches"],
+        )
+
+    def wait_last(self, worker: subprocess.Popen[bytes], variant: Variant) -> dict[str, Any]:
+        """The worker's stamp at its N-th successful task."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            found = self.stamps.blpop(["last"], timeout=1)
+            if found is not None:
+                return dict(json.loads(found[1]))
+            if worker.poll() is not None:
+                break
+        raise RuntimeError(
+            f"{variant.name}: the worker did not finish the tasks; its log:\n"
+            + self.log.read_text(errors="replace")[-3000:]
+        )
+
+    @staticmethod
+    def stop(worker: subprocess.Popen[bytes]) -> None:
+        """A warm shutdown (every task has ended); a kill if it takes too long."""
+        if worker.poll() is None:
+            worker.terminate()
+            try:
+                worker.wait(30)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(10)
+
+    def close(self) -> None:
+        super().close()
+        self.stamps.close()
+        self.files.cleanup()
 
 
 def measure(bench: Bench, chosen: list[Variant], rounds: int) -> dict[str, list[Run]]:
@@ -468,6 +598,8 @@ def targets(runs: dict[str, list[Run]]) -> list[list[str]]:
         (LIMITED_1, GOAL_1),
         (LIMITED_3, GOAL_3),
     ):
+        if name not in runs:  # not measured with this pool
+            continue
         ratio = best(runs[name]) / best(runs[PLAIN])
         measured = f"{ratio:.2f}x (median {median(runs[name]) / median(runs[PLAIN]):.2f}x)"
         rows.append([f"{name}: tasks/s ≥ {goal}x plain", measured, verdict(ratio >= goal)])
@@ -508,9 +640,23 @@ def main() -> None:
     options.add_argument(
         "--tasks", type=int, metavar="N", help="tasks per run (default 1,500; 300 with --quick)"
     )
+    options.add_argument(
+        "--pool",
+        choices=list(POOLS),
+        default="threads",
+        help="the worker's pool: threads (default; 4, in this process), prefork (2) or "
+        "gevent (100), each of these two a celery worker process of its own",
+    )
     args = options.parse_args()
     count, rounds = args.tasks or (300 if args.quick else 1500), 3
-    chosen = variants()
+    concurrency = POOLS[args.pool]
+    # The concurrency limit is the threads pool's: with more runs at once, its
+    # variants would measure runs sent back for a full limit, not a slot's cost.
+    chosen = [
+        variant
+        for variant in variants()
+        if variant.task != "bench.limited" or concurrency <= CONCURRENCY
+    ]
     began = time.monotonic()
     with redis_servers(4) as servers:
         broker = servers.urls[0]
@@ -520,30 +666,62 @@ def main() -> None:
             package_version("kombu"),
             package_version("celery-once"),
             package_version("celery-singleton"),
+            *([] if args.pool == "threads" else [package_version(POOL_PACKAGES[args.pool])]),
         )
-        bench = Bench(broker, servers.servers[1:], count)
+        if args.pool == "threads":
+            bench = Bench(broker, servers.servers[1:], count)
+        else:
+            bench = ProcessBench(broker, servers.servers[1:], count, args.pool)
         try:
             runs = measure(bench, chosen, rounds)
         finally:
             bench.close()
-    save(args.save, about, runs=runs)
+    save(args.save, about, pool=args.pool, runs=runs)
     heading = "### " if args.markdown else ""
     print(f"Measured on: {about}; run took {time.monotonic() - began:.0f} s\n")
-    print(f"{heading}Tasks per second through one worker\n")
-    print(
-        f"{count:,} tasks per run, {rounds} rounds with the variants interleaved; worker: "
-        f"threads pool, concurrency {CONCURRENCY}, Redis broker and result backend.\n"
-    )
+    if args.pool == "threads":
+        print(f"{heading}Tasks per second through one worker\n")
+        print(
+            f"{count:,} tasks per run, {rounds} rounds with the variants interleaved; worker: "
+            f"threads pool, concurrency {CONCURRENCY}, Redis broker and result backend.\n"
+        )
+    else:
+        print(f"{heading}Tasks per second through one worker, {args.pool} pool\n")
+        print(
+            f"{count:,} tasks per run, {rounds} rounds with the variants interleaved; worker: "
+            f"{args.pool} pool, concurrency {concurrency}, a celery worker process of its own, "
+            "Redis broker and result backend.\n"
+        )
     print(results_table(runs, args.markdown))
-    print(
-        "\nworker CPU and thread switches: the worker process (all its threads), per task; "
-        "lock-node CPU: the redis-server lock nodes, per task; medians over the rounds."
-    )
+    if args.pool == "threads":
+        print(
+            "\nworker CPU and thread switches: the worker process (all its threads), per task; "
+            "lock-node CPU: the redis-server lock nodes, per task; medians over the rounds."
+        )
+    else:
+        print(
+            "\nworker CPU and thread switches: the worker's processes (main process and pool "
+            "processes, all their threads), per task; lock-node CPU: the redis-server lock "
+            "nodes, per task; medians over the rounds. The worker counts its successful tasks "
+            "with one INCR per task on the broker's server, in every variant's figures."
+        )
+    if args.pool == "gevent":
+        print(
+            "\ngevent: Celery builds a result backend (a Redis client, a connection) for every "
+            "task, its app's backend being thread-local and gevent's greenlets its threads "
+            "(celery/celery#7960): in every variant's figures."
+        )
+    if len(chosen) < len(variants()):
+        print(
+            f"\nNot measured with concurrency {concurrency}: the concurrency_limit="
+            f"{CONCURRENCY} variants (the limit would be full; they measure a slot's cost)"
+        )
     peers = {"celery-once": QueueOnce, "celery-singleton": Singleton}
     missing = [name for name, base in peers.items() if base is None]
     if missing:
         print(f"\nNot measured (not installed): {', '.join(missing)}")
-    print(f"\n{heading}Targets\n")
+    title = "Targets" if args.pool == "threads" else f"Targets, {args.pool} pool"
+    print(f"\n{heading}{title}\n")
     print(table(["target", "measured", "result"], targets(runs), args.markdown))
 
 
