@@ -378,8 +378,7 @@ def _make_node(client_or_url: Any, timeout: float, option: str) -> Node:
     try:
         return Node.from_url(client_or_url, timeout)
     except ConfigurationError as exc:
-        message = str(exc).removeprefix("nodes: ")
-        raise ConfigurationError(option, message) from None
+        raise exc.with_context(option=option) from None
 
 
 def _check_prefix(prefix: Any) -> str:
