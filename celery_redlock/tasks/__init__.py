@@ -1,5 +1,4 @@
 """The Celery integration: the task class, app wiring, options, the run and publish.
 
-Above :mod:`celery_redlock.lock` and :mod:`celery_redlock.ratelimit`; the features
-are in :mod:`.features`.
+Above :mod:`celery_redlock.lock` and :mod:`celery_redlock.ratelimit`; features in :mod:`.features`.
 """

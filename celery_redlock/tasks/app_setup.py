@@ -1,31 +1,9 @@
 """How celery_redlock plugs into a Celery app: ``setup(app)``, start-up and cleanup.
 
-::
-
-    app.conf.redlock_tasks = {
-        "reports.nightly": {"singleton": True},
-        "crm.sync": {"lock_key": "crm", "global_rate_limit": "10/m"},
-    }
-    celery_redlock.setup(app)
-
-This module is all the app wiring there is:
-
-- :func:`setup` applies ``redlock_tasks`` (:mod:`.task_table`) to the
-  app's tasks, in workers and in publishers alike: to those registered when
-  the app is finalized (the finalize hook), and to each task registered
-  after that as it is registered, whatever the order of imports.
-- :func:`setup` and every ``LockedTask`` add the worker bootstep that refuses
-  to start a worker with bad settings or task options, connects the
-  main-process cleanup, and has the worker say how it is set up
-  (:class:`celery_redlock.admin.startup_notice.RedlockStartupCheck`, named by
-  its import path: nothing here imports the operator tools).
-- The cleanup receivers free the locks of task processes that died (a hard
-  time limit, ``revoke(terminate=True)``, a crashed pool process) and their
-  concurrency slots by the owner's task id, instead of leaving them until
-  their ttl runs out; a
-  revoked message that never ran frees its queued singleton the same way.
-  The worker's request class that calls them is :mod:`.cleanup_request`, which
-  only workers load.
+:func:`setup` applies ``redlock_tasks`` (:mod:`.task_table`) and adds the worker bootstep that
+refuses bad settings. The cleanup frees, by exact owner, the locks and slots of a run whose
+process died (hard time limit, terminate, crashed pool process) or that was revoked while
+queued, instead of leaving them to their ttl; :mod:`.cleanup_request` calls it in workers.
 """
 
 from __future__ import annotations
@@ -60,10 +38,8 @@ cleanup_logger = logging.getLogger("celery_redlock.task")
 def setup(app: Any) -> None:
     """Apply ``app.conf.redlock_tasks`` to the app's tasks, now and as they are registered.
 
-    Safe to call more than once. Raises :class:`ConfigurationError` for bad
-    settings as soon as the app is finalized.
-
-    Example::
+    Safe to call more than once; bad settings raise ``ConfigurationError`` once the app is
+    finalized::
 
         app = Celery("proj")
         app.conf.redlock_tasks = {"reports.nightly": {"singleton": True}}
@@ -76,10 +52,8 @@ def setup(app: Any) -> None:
     if getattr(app, "_redlock_setup", False):
         return
     if app.configured or getattr(app, "_config_source", None) is not None:
-        # Where the process starts (a web server importing its Celery app),
-        # not at its first .delay(): the entries need no task to be checked.
-        # Logged, not raised: Celery's command line would print a raise from
-        # an import as a long traceback; the worker refuses with one line.
+        # Checked where the process starts, not at its first .delay(). Logged, not raised: a
+        # raise from an import is a long traceback; the worker refuses with one line.
         try:
             check_entries(Settings.from_conf(app.conf).tasks)
         except ConfigurationError as exc:
@@ -98,8 +72,7 @@ def _on_finalize(sender: Any = None, **_: Any) -> None:
     try:
         apply_entries(sender)
     except ConfigurationError as exc:
-        # Celery logs and swallows errors of signal receivers: keep it for the
-        # worker's start-up check, which fails the worker with it.
+        # Celery swallows receivers' errors: keep it for the worker's start-up check.
         _keep_error(sender, exc)
 
 
@@ -114,19 +87,14 @@ def _keep_error(app: Any, exc: ConfigurationError) -> None:
 
 
 def connect_cleanup() -> None:
-    """Connect the receivers that free the locks of task processes that died.
-
-    Receivers are global and connected once (Celery keys them by identity).
-    """
+    """Connect the receivers that free the locks of task processes that died (once, globally)."""
     celery_signals.task_revoked.connect(_on_task_revoked, weak=False)
 
 
 def free_by_owner(task: Any, task_id: str | None, args: Any, kwargs: Any, where: str) -> None:
     """Free the locks and slots a run of ``task`` held as ``task_id`` at ``where``, and only those.
 
-    ``where`` is ``host:pid`` of the pool process that ran it (or ``queued``
-    for a singleton that never started): a later run with the same task id
-    elsewhere — a re-delivered copy — is never freed.
+    ``where`` (``host:pid``, or ``queued``) spares a re-delivered copy with the same task id.
     """
     policy = getattr(task, "_redlock_policy", None)
     if not isinstance(policy, TaskPolicy) or not task_id or not enabled_for(task.app):

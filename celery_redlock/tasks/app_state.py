@@ -30,12 +30,9 @@ __all__ = [
 
 
 def enabled_for(app: Any) -> bool:
-    """Whether ``redlock_enabled`` is on for ``app`` (the default), read afresh each call.
+    """Whether ``redlock_enabled`` is on for ``app`` (the default).
 
-    Not cached with the other settings, so a test fixture can switch it
-    (``app.conf.redlock_enabled = False``, Django's ``override_settings``)
-    without :func:`forget`. A value that is not a bool is a
-    :class:`ConfigurationError` naming the setting.
+    Read afresh each call, so a test fixture can switch it without :func:`forget`.
     """
     value = app.conf.get("redlock_enabled")
     return True if value is None else check.flag(value, "redlock_enabled")
@@ -73,10 +70,7 @@ def _built(cache: weakref.WeakKeyDictionary[Any, _T], app: Any, make: Callable[[
 
 
 def redlock_for(app: Any) -> Redlock:
-    """The app's Redlock, built on first use and shared by its tasks.
-
-    Safe across ``fork()``: a child process opens connections of its own.
-    """
+    """The app's Redlock, built on first use and shared by its tasks (fork-safe)."""
     return _built(_redlocks, app, lambda: settings_for(app).make_redlock())
 
 
@@ -99,8 +93,7 @@ def debounce_store_for(app: Any) -> DebounceStore:
 def policy_for(task: Any) -> TaskPolicy | None:
     """The task's policy resolved against its app's settings, or ``None`` for a plain task.
 
-    Resolved once per app and policy (:meth:`TaskPolicy.resolve`), so a bad
-    ttl is reported once, at worker start-up, instead of at every run.
+    Cached per app and policy, so a bad ttl is reported once at start-up, not at every run.
     """
     policy = getattr(task, "_redlock_policy", None)
     if not isinstance(policy, TaskPolicy):

@@ -6,28 +6,14 @@
     report.delay("today")                                     # the task's own options
     report.apply_async(("today",), redlock={"on_duplicate": "raise"})
 
-``LockedTask.apply_async`` (and so signatures and canvases of the task, and
-tasks configured by ``redlock_tasks``) and ``LockedTask.apply`` take the
-``redlock`` keyword. Anywhere else Celery would take it as a message property
-and ignore it, so :func:`guard_send_task` refuses it at ``app.send_task``
-(where a plain task's ``apply_async`` and every publish by name end), with
-celery-once's ``once={...}`` (see :func:`refuse_peer_keywords`).
-:func:`check` reads it at the call: an unknown name, an option that cannot
-be set per call, or a bad value is a
-:class:`~celery_redlock.errors.ConfigurationError` raised there, naming it
-(``redlock['lock_timout']``) and the closest valid name. The checked values
-travel in the message header :data:`HEADER`, so they hold in the worker, for
-the retries of the run, and for its busy-lock re-queues; the worker checks
-them again (a message may come from elsewhere) and :func:`apply` gives the
-run its policy with them.
+Checked at the call, the values travel in the message header :data:`HEADER` (so retries and
+re-queues keep them) and are checked again in the worker: a message may come from anywhere.
+Elsewhere Celery would send ``redlock=`` as an ignored message property, so
+:func:`guard_send_task` refuses it at ``app.send_task``.
 
-A call may change how it reacts to a busy lock, a duplicate or a limit, and
-how long its locks live (:data:`CALL_OPTIONS`). It may not change *what* it
-shares with other calls: ``lock_key``, ``singleton``, ``singleton_key``,
-``global_rate_limit``, ``rate_limit_key`` and the rest stay the task's. A key
-given per call would not exclude the runs that use the task's key, and the
-worker's main process, which frees the locks of a run whose process died by
-their names, would not find it.
+A call may change how it reacts and how long its locks live (:data:`CALL_OPTIONS`), never
+*what* it shares: a per-call key would not exclude runs using the task's key, and the worker
+could not free a dead run's locks by name.
 """
 
 from __future__ import annotations
@@ -99,8 +85,7 @@ def check(
 ) -> dict[str, Any]:
     """A call's overrides, checked against the task's policy; ``None`` values dropped.
 
-    With ``settings``, a ttl is also checked against ``redlock_node_timeout``
-    as the task's own ttl is.
+    With ``settings``, a ttl is also checked against ``redlock_node_timeout``.
 
     Raises:
         ConfigurationError: naming the task and ``redlock['<name>']``.
@@ -146,15 +131,10 @@ def refuse_peer_keywords(task_name: str, options: Mapping[str, Any]) -> None:
 
 
 def guard_send_task(app: Any) -> None:
-    """Refuse, at ``app.send_task``, a ``redlock`` keyword that no task class has read.
+    """Refuse, at ``app.send_task``, a ``redlock`` (or ``once``) keyword no task class has read.
 
-    A LockedTask's ``apply_async`` takes the keyword off before it publishes;
-    one that reaches ``app.send_task`` came from a plain task's
-    ``apply_async`` (a task neither a LockedTask nor named in
-    ``redlock_tasks``) or from a publish by name, which passes no task
-    class. Celery would send it as a message property, and nothing would
-    honour it. ``once=`` is refused there too. Installed on the app once,
-    by :func:`~celery_redlock.setup` and by every LockedTask bound to it.
+    One that gets this far came from a plain task or a publish by name: nothing would honour it.
+    Installed once per app.
     """
     if getattr(app.send_task, "_redlock_guard", False):
         return
@@ -189,11 +169,7 @@ def _not_read(from_task: bool) -> str:
 
 
 def from_request(request: Any) -> Any:
-    """The raw overrides a run's message carries (:data:`HEADER`), or ``None``.
-
-    Celery gives a message's own headers to the run as ``request.headers``,
-    in the worker and in eager runs alike.
-    """
+    """The raw overrides a run's message carries (:data:`HEADER`), or ``None``."""
     headers = request.headers
     return headers.get(HEADER) if headers else None
 

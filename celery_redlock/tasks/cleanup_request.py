@@ -1,8 +1,6 @@
 """The worker's request for a LockedTask: :class:`CleanupRequest`, loaded by workers only.
 
-Celery's ``Request`` lives in ``celery.worker``; keeping its subclass here
-lets a process that only publishes import :mod:`celery_redlock` without any
-worker module. Tasks name it by path (``LockedTask.Request``).
+Kept apart, and named by path, so a publisher imports no ``celery.worker`` module.
 """
 
 from __future__ import annotations
@@ -23,11 +21,8 @@ _PROCESS_GONE = (WorkerLostError, Terminated, TimeLimitExceeded, SystemExit, Key
 class CleanupRequest(Request):  # type: ignore[misc]
     """The worker's request for a LockedTask: frees the locks of a run whose process died.
 
-    Runs in the worker's main process. A hard time limit, ``revoke(terminate=True)``
-    or a pool process that died (``WorkerLostError``, also when
-    ``task_reject_on_worker_lost`` re-queues the task and no ``task_failure``
-    is sent) ends the run without its ``finally``; the locks are freed here by
-    the run's exact owner instead of waiting for their ttl.
+    In the main process, by exact owner: a hard time limit, a terminate or a lost pool process
+    ends the run without its ``finally`` (and a re-queue sends no ``task_failure``).
     """
 
     #: Set when Celery re-queues the message (see :meth:`reject`).
@@ -42,19 +37,12 @@ class CleanupRequest(Request):  # type: ignore[misc]
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> Any:
-        """Free the locks if the run's process is gone, then Celery's handling.
-
-        When Celery re-queued the message of a run whose process died
-        (``task_acks_late`` with ``task_reject_on_worker_lost``), its ERROR
-        line for the ``WorkerLostError`` is followed by ours saying the task
-        was re-queued and will run again.
-        """
+        """Free the locks if the run's process is gone, then Celery's handling; log a re-queue."""
         exc = getattr(exc_info, "exception", None)
         exc = getattr(exc, "exc", exc)  # ExceptionWithTraceback
         gone = isinstance(exc, _PROCESS_GONE)
         if gone:
-            # Before Celery re-queues the message: a copy another worker takes
-            # at once must find the lock free, not held by its dead twin.
+            # Before Celery re-queues: a copy taken at once must not find its dead twin's lock.
             self._free()
         try:
             return super().on_failure(

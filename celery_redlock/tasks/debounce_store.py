@@ -1,8 +1,6 @@
 """Debounce records on one Redis: the store behind :mod:`celery_redlock.tasks.features.debounce`.
 
-One script call per publish (``debounce_publish.lua``), per run
-(``debounce_check.lua``) and per publish taken back (``debounce_withdraw.lua``);
-the record's layout is :func:`celery_redlock._layout.debounce_record`.
+One script call per publish, run or withdrawal (``debounce_*.lua``); layout in ``_layout``.
 """
 
 from __future__ import annotations

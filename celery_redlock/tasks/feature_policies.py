@@ -49,11 +49,7 @@ class LockPolicy:
 
 @dataclass(frozen=True)
 class ConcurrencyPolicy:
-    """At most ``limit`` runs at once per key: a slot of a semaphore, held while the body runs.
-
-    A run that finds every slot taken waits like a run that finds its lock
-    busy: up to ``lock_timeout``, then ``on_lock_busy``.
-    """
+    """At most ``limit`` runs at once per key: a semaphore slot, waited for like the run lock."""
 
     key: KeyTemplate
     #: Runs at once per key, across every worker.
@@ -73,19 +69,13 @@ class SingletonPolicy:
     #: Seconds a published copy holds its key while it waits in the queue.
     ttl: float
     on_duplicate: str
-    #: Beat publishes within this many seconds of each other are one tick, so
-    #: two beat processes on one schedule publish once even when the first
-    #: run has already finished; keep it below the schedule's interval.
+    #: Beat publishes this close together (seconds) are one tick, even after the run ended.
     beat_window: float
-    #: ``"one"`` (one queued-or-running copy) or ``"queued"`` (one running
-    #: copy plus at most one queued follow-up: see :mod:`.features.queued_singleton`).
+    #: ``"one"`` or ``"queued"`` (:mod:`.features.queued_singleton`).
     mode: str = "one"
 
     def name(self, task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
-        """The singleton lock name of one call (in ``"queued"`` mode: of its running copy).
-
-        Without a ``singleton_key`` the key is the call's :func:`canonical_hash`.
-        """
+        """The singleton lock name of one call (``"queued"`` mode: its running copy's)."""
         kwargs = kwargs or {}
         if self.key.source is not None:
             return singleton_name(task_name, self.key.render(args, kwargs))
@@ -125,9 +115,7 @@ class TaskLimit:
     #: The rate, or a callable rate read on every run.
     rate: Rate | DynamicRate
     algorithm: Algorithm
-    #: Set when several limits of the task share one key template: each then
-    #: counts on ``<key>/<period>`` (``"api/s"``, ``"api/d"``), see
-    #: :func:`~celery_redlock._layout.period_key`.
+    #: Set when several limits share one key template: each counts on ``<key>/<period>``.
     period: float | None = None
     #: Named by an entry of its own (``("10/s", "api")``), not by ``rate_limit_key``.
     own_key: bool = False
@@ -146,11 +134,7 @@ class TaskLimit:
 
 @dataclass(frozen=True)
 class RatePolicy:
-    """A task's global rate limits: counted when a run starts, and at beat's publish.
-
-    Every limit must admit a run, and the run is counted in all of them in
-    one decision; ``cost`` units each.
-    """
+    """A task's global rate limits: all must admit a run, counted in one decision."""
 
     task_name: str
     limits: tuple[TaskLimit, ...]

@@ -1,9 +1,7 @@
 """Key templates: ``"sync-user:{user_id}"`` rendered over a task call's arguments.
 
-A task's templates are checked against its signature once, when the task is
-defined; each call then only names its arguments (:class:`ArgumentPlan`)
-and fills the template in. The names of a task's locks, built from those
-keys, are here too (``singleton:<task>:<key>``, ``debounce:<task>:<key>``, ...).
+Templates are checked against the task's signature once, at definition; a call only names its
+arguments (:class:`ArgumentPlan`). The lock names built from keys are here too.
 """
 
 from __future__ import annotations
@@ -47,12 +45,8 @@ _VAR_KEYWORD = inspect.Parameter.VAR_KEYWORD
 class ArgumentPlan:
     """A task's arguments by name, for one call: its signature, read once.
 
-    :meth:`arguments` gives what ``signature.bind(*args, **kwargs)`` with
-    defaults applied would, with ``**kwargs`` flattened. For the common
-    signature (plain parameters only) it pairs names and values directly;
-    anything else, and any call that does not fit the signature, goes
-    through :meth:`inspect.Signature.bind`, which raises the usual
-    ``TypeError``.
+    Gives what ``signature.bind`` would, with a fast path for plain parameters; anything else
+    goes through ``bind`` (and its usual ``TypeError``).
     """
 
     def __init__(self, signature: inspect.Signature) -> None:
@@ -99,11 +93,8 @@ def as_delivered(
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``args`` and ``kwargs`` as a worker receives them: through ``serializer`` and back.
 
-    Keys are rendered from these at publish, so that a publisher renders the
-    key the worker renders from the message: JSON turns a tuple into a list,
-    a ``str`` enum member into its value, an int dict key into a ``str``.
-    It reads back what it just wrote, whatever ``accept_content`` allows
-    (kombu refuses pickle to a reader that does not name it).
+    So publisher and worker render one key (JSON makes a tuple a list, an int dict key a str).
+    Reads back with its own content type accepted, whatever ``accept_content`` says.
 
     Raises:
         kombu.exceptions.EncodeError: what publishing the call would raise.
@@ -166,10 +157,7 @@ def _unhashable(path: str, value: Any) -> ConfigurationError:
 
 
 def canonical_hash(arguments: Mapping[str, Any]) -> str:
-    """A stable digest of a call's bound arguments: a singleton's key when it names none.
-
-    See :mod:`.features.singleton` for what counts as the same arguments.
-    """
+    """A stable digest of a call's bound arguments: a singleton's key when it names none."""
     canonical = {name: _canonical(value, name) for name, value in arguments.items()}
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -203,11 +191,8 @@ def beat_interval_name(singleton: str) -> str:
 class KeyTemplate:
     """A key built from a task call: a ``str.format`` template, a callable, or fixed.
 
-    A template's fields name the task's arguments, defaults applied
-    (``"user:{user_id}"``, ``"{order.customer}"``, ``"{items[0]}"``). A
-    callable gets ``(args, kwargs)`` as given: at publish, those of
-    :func:`as_delivered`, so that both sides render one key. Bad templates
-    raise :class:`ConfigurationError` naming ``option`` and the task.
+    Fields name the task's arguments (``"{order.customer}"``, ``"{items[0]}"``); a callable gets
+    ``(args, kwargs)``. Bad templates raise ``ConfigurationError`` naming ``option`` and the task.
     """
 
     def __init__(

@@ -8,28 +8,11 @@
             self.heartbeat()          # progress: keeps the lock; LockLost if it is gone
             store(page, fencing_token=self.lock.fencing_token)
 
-The class holds the options (checked when the task is bound to its app) and
-hands each run to a :class:`~celery_redlock.tasks.run.TaskRun` (in the worker, or
-eagerly: ``apply()``, ``task_always_eager``) and each publish to a
-:class:`~celery_redlock.tasks.publish.Publication`.
-
-Two ways skip all of that and run the body as a plain function:
-
-- a direct call, ``sync_user(42)``: as in Celery itself, where a direct call
-  gets no ``rate_limit``, time limit, retry or acknowledgement either, it is
-  a plain Python call, without lock, singleton or rate limit. To run a task
-  here and now *with* its locks, call ``sync_user.apply(args=(42,))``;
-- ``app.conf.redlock_enabled = False``: every LockedTask of the app runs and
-  publishes as a plain Celery task and no Redis is contacted (an
-  application's own tests). When the task's process
-dies (hard time limit, revoke with terminate, a crashed pool process) the
-worker's main process frees its locks (:mod:`.app_setup`); if the whole worker
-dies, they expire within their ttl.
-
-An eager run started inside a run that holds the same run lock on the same
-thread (a body calling ``other.apply(...)`` with the same ``lock_key``) is
-re-entrant: it runs under its caller's hold and leaves the lock to it,
-instead of finding its caller's lock busy.
+The class holds the options (checked at bind) and hands each run to a
+:class:`~celery_redlock.tasks.run.TaskRun`, each publish to a
+:class:`~celery_redlock.tasks.publish.Publication`. A direct call (``sync_user(42)``) and
+``redlock_enabled = False`` run the body as a plain function, as Celery does; nested eager
+runs under the same lock are re-entrant (docs/configuration.md, docs/testing.md).
 """
 
 from __future__ import annotations
@@ -55,10 +38,8 @@ from .run import TaskRun
 
 __all__ = ["LockedTask"]
 
-#: The worker bootstep that checks the settings at start-up and frees the locks
-#: of task processes that died (:class:`..admin.startup_notice.RedlockStartupCheck`).
-#: Named by its import path, as Celery names the classes it loads, so that the
-#: task class does not import the operator tools, which import it.
+#: The worker bootstep that checks settings at start-up and frees dead processes' locks;
+#: named by import path so this module does not import admin/, which imports it.
 STARTUP_STEP = "celery_redlock.admin.startup_notice:RedlockStartupCheck"
 
 #: Task options Celery reads from the task without declaring them on ``Task``
@@ -79,10 +60,8 @@ _CELERY_UNDECLARED = frozenset(
 class LockedTask(Task):  # type: ignore[misc]
     """A Celery task base class with locks, singletons and global rate limits.
 
-    Options are task attributes (``@app.task(base=LockedTask, lock_ttl=30)``);
-    those left at ``None`` take their defaults from ``app.conf``. Bad values
-    raise :class:`~celery_redlock.errors.ConfigurationError` when the task
-    is defined.
+    Options are task attributes (``@app.task(base=LockedTask, lock_ttl=30)``); ``None``
+    falls back to ``app.conf``. Bad values raise ``ConfigurationError`` when the task is defined.
     """
 
     #: The worker's request class (main process): frees the locks of a run
@@ -188,11 +167,7 @@ class LockedTask(Task):  # type: ignore[misc]
         call_overrides.guard_send_task(app)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the task body inside its limits and locks (in the worker, or eagerly).
-
-        A direct call (``task(...)``) runs the body as a plain function, as
-        Celery does; so does every call while ``redlock_enabled`` is false.
-        """
+        """Run the body inside its limits and locks; a direct call runs it plain, as in Celery."""
         if (
             self._redlock_policy is None
             or not self._redlock_policy.active
@@ -210,12 +185,9 @@ class LockedTask(Task):  # type: ignore[misc]
         return TaskRun(self, policy, args, kwargs).run(body)
 
     def _traced_body(self, *args: Any, **kwargs: Any) -> Any:
-        """The body, called as Celery's ``Task.__call__`` would, minus the request copy.
+        """The body as ``Task.__call__`` calls it, minus the request copy.
 
-        Celery's tracer pushed this run's request (and the task) before
-        calling us: pushing a copy of it, as ``Task.__call__`` does, costs
-        a ``Context`` per run for nothing, and a plain task's body runs
-        without one (the tracer calls its ``run`` directly).
+        The tracer already pushed this run's request; a copy costs a ``Context`` per run.
         """
         _task_stack.push(self)
         try:
@@ -228,10 +200,8 @@ class LockedTask(Task):  # type: ignore[misc]
     ) -> Any:
         """Publish: singleton lock first, debounce record, beat rate limits.
 
-        Returns the queued task's ``AsyncResult`` for a duplicate singleton
-        (``on_duplicate="return"``) instead of queueing another copy.
-        ``redlock={option: value}`` overrides some options for this call
-        (see :mod:`celery_redlock.tasks.call_overrides`)::
+        A duplicate singleton with ``on_duplicate="return"`` returns the queued copy's
+        ``AsyncResult``. ``redlock={option: value}`` overrides options for this call::
 
             sync_user.apply_async((42,), redlock={"lock_timeout": 5})
 
@@ -286,12 +256,10 @@ class LockedTask(Task):  # type: ignore[misc]
         return checked
 
     def _called_directly(self) -> bool:
-        """Whether this call is a plain function call, not a run Celery traces.
+        """Whether this is a plain function call, not a traced run.
 
-        Celery's tracer (worker, ``apply()``, eager mode) pushes a request
-        before calling the task; a direct call finds none, or finds the
-        request (or Celery's copy of it) of a run of this task already in
-        progress on this thread: the task calling itself.
+        A direct call finds no request, or the request of this task's own run in
+        progress on this thread (the task calling itself).
         """
         request = self.request
         if request.called_directly:
@@ -331,10 +299,9 @@ class LockedTask(Task):  # type: ignore[misc]
             heartbeat().progress(held, renew_now=True)
 
     def rate_limited(self, retry_after: float | None = None, key: str | None = None) -> NoReturn:
-        """The service behind the rate limit refused: pause the key everywhere, re-queue.
+        """The service behind the limit refused: pause the key everywhere and re-queue.
 
-        See :meth:`.features.rate_limit.RateGate.refused`; raises, as ``self.retry()``
-        does. Example::
+        Raises, as ``self.retry()`` does (see :meth:`.features.rate_limit.RateGate.refused`)::
 
             if resp.status_code == 429:
                 self.rate_limited(retry_after=float(resp.headers.get("Retry-After", 1)))
@@ -367,9 +334,8 @@ def _next_call(cls: type) -> Any:
 def _attributes_to_check(cls: type) -> dict[str, Any]:
     """The attributes a task's own classes set (decorator keywords land there).
 
-    Left out: private names, names Celery or any base class that is not a
-    LockedTask defines (they are theirs), and methods or properties written
-    in a class body (``def lock_helper(self)`` is code, not an option).
+    Left out: private names, names of Celery's or other non-LockedTask bases, and methods
+    or properties written in a class body (code, not options).
     """
     theirs = set(_CELERY_UNDECLARED)
     for klass in cls.__mro__:

@@ -1,11 +1,7 @@
 """Telling a misspelt name from another name: resemblance and the closest valid name.
 
-Option and setting names are compared in a normal form (lower case, without
-``_`` and ``-``), so ``lockTTL``, ``LOCK_TTL`` and ``lock__ttl`` all read as
-``lockttl``. A name *resembles* a valid one when the normal forms are at
-most one edit apart (two for valid names of ten characters or more), an
-edit being one letter added, dropped, replaced, or two neighbours swapped;
-or when it has the same words in another order (``ttl_lock``)::
+Names compare in a normal form (lower case, no ``_`` or ``-``). A name *resembles* a valid one
+at most one edit away (two for names of :data:`LONG_NAME` or more), or with its words reordered::
 
     >>> resembles("lock_tll", "lock_ttl"), resembles("my_flag", "lock_ttl")
     (True, False)
@@ -30,13 +26,10 @@ def normal(name: str) -> str:
 
 
 def distance(a: str, b: str, within: int | None = None) -> int | None:
-    """Edits from ``a`` to ``b``: letters added, dropped or replaced, neighbours swapped.
+    """Edits from ``a`` to ``b`` (optimal string alignment distance), or ``None`` past ``within``.
 
-    The optimal string alignment distance (Damerau-Levenshtein without
-    editing a substring twice). With ``within``, ``None`` when there are more
-    edits than that: it is then computed only near the diagonal and given up
-    as soon as a row exceeds it, so that a near miss of a short name costs a
-    few dozen steps and every task attribute can be checked at definition.
+    With ``within`` only the diagonal band is computed, giving up early: cheap enough to check
+    every task attribute at definition.
     """
     if within is None:
         within = max(len(a), len(b))
@@ -75,11 +68,7 @@ def resembles(name: str, valid: str) -> bool:
 
 
 def closest(name: str, valid: Iterable[str]) -> str | None:
-    """The valid name ``name`` most likely meant, or ``None`` when none is close.
-
-    A name it resembles, the fewest edits away; else the best of
-    :func:`difflib.get_close_matches` over the normal forms.
-    """
+    """The valid name most likely meant (fewest edits, else difflib's best), or ``None``."""
     choices = list(valid)
     given = normal(name)
     best: tuple[int, str] | None = None

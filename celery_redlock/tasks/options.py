@@ -1,37 +1,10 @@
 """Every task option celery_redlock reads: its name, feature, default and check.
 
-This is the one list of option names. :class:`~celery_redlock.LockedTask`
-declares each as a documented class attribute, ``app.conf.redlock_tasks``
-entries use the same names, and :func:`read` checks a task's values against
-it when the task is defined::
-
-    read("proj.sync", {"lock_ttl": 30, "on_lock_busy": "skip"})
-    # {"lock_ttl": 30.0, "on_lock_busy": "skip", "lock_timeout": 0.0, ...}
-
-Names that are not options are refused by :func:`check_names` (a
-``redlock_tasks`` entry: every name must be an option) and
-:func:`check_attributes` (a LockedTask's attributes, which may also be the
-user's own). The rule for the latter, :func:`unknown_option`, refuses a name
-that is
-
-1. another lock library's option (``once``, ``unique_on``, ``lock_expiry``,
-   ``heimdall``...; see :mod:`.other_library_options`), with what to write instead;
-2. a guess at an option (``lock``, ``locked``, ``unique``, ...);
-3. a misspelling of an option (:func:`celery_redlock.tasks.misspelling.resembles`:
-   one edit away, two for long names, or its words in another order);
-4. or starts like one (:data:`RESERVED_PREFIXES`: ``lock_``, ``singleton``,
-   ``rate_limit_``, ...);
-
-and lets anything else through. Names that Celery or another base class of
-the task defines never reach the rule (see ``LockedTask.on_bound``).
-
-An option whose default comes from ``app.conf`` names that setting
-(``lock_ttl`` falls back to ``redlock_default_ttl``, ``singleton_ttl`` to
-``redlock_singleton_ttl``, ``on_duplicate`` to ``redlock_on_duplicate``, in
-the way Celery's ``Task.from_config`` fills task attributes); the fallback is
-applied once per app, by :meth:`TaskPolicy.resolve
-<celery_redlock.tasks.policies.TaskPolicy.resolve>`, and the option's own default
-holds where the setting is unset too.
+The one list of option names: LockedTask's attributes and ``redlock_tasks`` entries use them.
+A LockedTask attribute that is no option is refused (:func:`unknown_option`) only if it looks
+meant for us: another lock library's option, a guess (``lock``, ``unique``), a misspelling, or a
+:data:`RESERVED_PREFIXES` start; anything else is the user's own. An option's ``setting`` is its
+``app.conf`` fallback, applied once per app by ``TaskPolicy.resolve`` (as ``Task.from_config``).
 """
 
 from __future__ import annotations
@@ -68,8 +41,7 @@ __all__ = [
 BUSY_ACTIONS = ("retry", "skip", "raise")
 #: ``on_duplicate`` values; the first is the default.
 DUPLICATE_ACTIONS = ("return", "raise")
-#: ``singleton_mode`` values; the first is the default: one queued-or-running
-#: copy, or (``"queued"``) one running copy plus at most one queued follow-up.
+#: ``singleton_mode`` values; the first is the default.
 SINGLETON_MODES = ("one", "queued")
 #: ``on_rate_limited`` values; the first is the default.
 RATE_LIMITED_ACTIONS = ("retry", "skip", "raise")
@@ -85,18 +57,16 @@ class TaskOption:
     feature: str
     #: Checks a value that is set (not ``None``) and returns it in checked form.
     check: Callable[[Any, str], Any]
-    #: The value when unset. ``None`` leaves it to the policy (see its doc).
+    #: The value when unset. ``None`` leaves it to the policy.
     default: Any = None
-    #: The ``app.conf`` setting an unset value is taken from, once per app
-    #: (``default`` where that setting is unset too).
+    #: The ``app.conf`` setting an unset value falls back to (then ``default``).
     setting: str | None = None
     #: Another option that must be set for this one to mean anything.
     needs: str | None = None
 
 
 def _key_source(value: Any, option: str) -> Any:
-    # A template is checked against the task's signature when its policy is
-    # built (celery_redlock.tasks.key_templates); here it only passes through.
+    # Checked against the task's signature when its policy is built (key_templates).
     return value
 
 
@@ -171,10 +141,9 @@ def option(name: str) -> TaskOption:
 
 
 def read(task_name: str, raw: Mapping[str, Any]) -> dict[str, Any]:
-    """Check a task's option values; unset ones get their default.
+    """Check a task's option values, one entry per option (unset: its default).
 
-    Every option gets an entry. Raises :class:`ConfigurationError` naming
-    the task and the first bad option.
+    Raises :class:`ConfigurationError` naming the task and the first bad option.
     """
     values: dict[str, Any] = {}
     for entry in TASK_OPTIONS:
@@ -225,12 +194,10 @@ _LONG_PEER_NAMES = tuple(name for name in PEER_OPTIONS if len(normal(name)) >= L
 
 
 def unknown_option(name: str, value: Any = None, *, strict: bool = False) -> str | None:
-    """What is wrong with ``name`` as a task attribute, or ``None`` if nothing is.
+    """What is wrong with ``name`` as a task attribute (the module doc's rule), or ``None``.
 
-    ``None`` for an option. Otherwise the problem (the message without the
-    name) when the rule of this module's doc refuses ``name``; with
-    ``strict`` (a ``redlock_tasks`` entry) for every other name too.
-    ``value`` shapes the hint for another library's option.
+    ``strict`` (a ``redlock_tasks`` entry) refuses every non-option; ``value`` shapes the hint
+    for another library's option.
     """
     if name in _BY_NAME:
         return None
@@ -275,11 +242,7 @@ def check_names(where: str, names: Mapping[str, Any]) -> None:
 
 
 def check_attributes(task_name: str, attributes: Mapping[str, Any]) -> None:
-    """Refuse a LockedTask's attributes that look meant for celery_redlock but are no option.
-
-    ``attributes`` are those set on the task's own classes that neither
-    Celery nor another base class defines. Anything the rule of this
-    module's doc lets through is the user's own and stays.
+    """Refuse a LockedTask's own attributes that look meant for celery_redlock but are no option.
 
     Raises:
         ConfigurationError: naming the task and the attribute.

@@ -1,17 +1,10 @@
 """The task options of other Celery lock libraries, and what to write here instead.
 
-A task moved over from celery-once (``base=QueueOnce``), celery-singleton
-(``base=Singleton``) or celery-heimdall (``base=HeimdallTask``) often keeps
-their options. They mean nothing to :class:`~celery_redlock.LockedTask`, so
-each is refused with the celery_redlock spelling of what it asked for,
-built from the value given where that helps::
+A task moved over from celery-once, celery-singleton or celery-heimdall often keeps their
+options, which would mean nothing here: each is refused with our spelling of it::
 
     >>> hint("unique_on", ["user_id", "day"])
     "is celery-singleton's option; write singleton_key='{user_id}:{day}' (with singleton=True)"
-
-A leftover option at a call site (celery-once's ``apply_async(once={...})``)
-would be taken by Celery as a publish option and ignored: :func:`call_hint`
-says what a call writes instead.
 """
 
 from __future__ import annotations

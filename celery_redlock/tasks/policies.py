@@ -1,11 +1,7 @@
 """What celery_redlock does around one task: its lock, singleton, rate and concurrency limits.
 
-A :class:`TaskPolicy` is built from the task's options (see :mod:`.options`)
-when the task is defined, and checked against the app's settings once per
-app by :meth:`TaskPolicy.resolve` (at worker start-up, or on first use in
-any other process). Both steps raise
-:class:`~celery_redlock.errors.ConfigurationError` naming the task and the
-option.
+Built from the task's options at definition, then checked against the app's settings once per
+app (:meth:`TaskPolicy.resolve`); both raise ``ConfigurationError`` naming task and option.
 """
 
 from __future__ import annotations
@@ -51,26 +47,19 @@ class TaskPolicy:
     rate: RatePolicy | None
     #: The per-key concurrency limit, if any.
     concurrency: ConcurrencyPolicy | None = None
-    #: Time to live of the locks held while running (run lock, singleton, slot);
-    #: ``None`` until :meth:`resolve` fills in ``redlock_default_ttl``.
+    #: Time to live of the locks held while running; ``None`` until :meth:`resolve`.
     ttl: float | None = None
     #: ``lock_progress_timeout`` for the locks held while running.
     progress_timeout: float | None = None
     debounce: DebouncePolicy | None = None
-    #: The options with an ``app.conf`` setting (see :mod:`.options`) that the
-    #: task left unset: :meth:`resolve` gives them the setting's value.
+    #: Options with an ``app.conf`` setting the task left unset, for :meth:`resolve`.
     inherited: frozenset[str] = frozenset()
 
     @classmethod
     def from_options(
         cls, task_name: str, plan: ArgumentPlan, options: Mapping[str, Any]
     ) -> TaskPolicy:
-        """Check ``options`` (a task's option values, ``None`` for unset).
-
-        ``plan`` is the task's argument plan: key templates are checked
-        against it. Raises :class:`ConfigurationError` naming the task and
-        the option.
-        """
+        """Check ``options`` (``None``: unset); key templates are checked against ``plan``."""
         values = task_options.read(task_name, options)
         singleton_on = values["singleton"]
         rate_on = values["global_rate_limit"] is not None
@@ -85,10 +74,7 @@ class TaskPolicy:
             )
         locking = values["lock_enabled"]
         if locking is None:
-            # A task that only asks for a singleton, a rate limit or a
-            # concurrency limit does not also serialise all its runs, unless
-            # it names a lock key; a debounced one is serialised per debounce
-            # key (see below).
+            # Only a singleton or a limit: no run lock unless a lock_key is named.
             locking = (
                 values["lock_key"] is not None
                 or debounce_on
@@ -109,8 +95,7 @@ class TaskPolicy:
                 ttl=values["debounce_ttl"],
             )
             if debounce.delay + debounce.ttl > MAX_TTL:
-                # The record lives debounce + debounce_ttl: longer than a
-                # key may live, the store's scripts refuse every publish.
+                # The record lives debounce + debounce_ttl; past MAX_TTL every publish fails.
                 raise ConfigurationError(
                     "debounce" if debounce.delay >= MAX_TTL else "debounce_ttl",
                     f"debounce + debounce_ttl ({debounce.delay:.12g} + {debounce.ttl:.12g} s) "
@@ -119,9 +104,7 @@ class TaskPolicy:
                     task=task_name,
                 )
             if values["lock_key"] is None:
-                # Runs of one debounce key never overlap (a run still going
-                # when the next burst's run is due, a re-delivered copy):
-                # the run lock defaults to the debounce key's name.
+                # Runs of one debounce key never overlap: the run lock is the debounce key.
                 lock_key = _debounce_lock_key(task_name, debounce, plan)
         lock = LockPolicy(
             key=lock_key,
@@ -182,13 +165,10 @@ class TaskPolicy:
     def resolve(self, settings: Settings) -> TaskPolicy:
         """The policy with the app's defaults filled in, checked against its settings.
 
-        Each option in :attr:`inherited` takes its setting's value, where
-        that setting is set. Every lock the task takes must live more than
-        twice ``redlock_node_timeout``, or no acquisition could ever be trusted.
+        Every lock must outlive twice ``redlock_node_timeout``, or no acquisition is trusted.
 
         Raises:
-            ConfigurationError: naming the task and the option (or the
-                setting whose default it uses) that is too short.
+            ConfigurationError: naming the task and the too-short option (or its setting).
         """
         values: dict[str, Any] = {}
         source = {name: name for name in ("lock_ttl", "singleton_ttl")}
@@ -212,10 +192,9 @@ class TaskPolicy:
         return resolved
 
     def with_values(self, values: Mapping[str, Any]) -> TaskPolicy:
-        """The policy with checked option values in place (a call's overrides, app defaults).
+        """The policy with checked values in place (a call's overrides, app defaults).
 
-        Takes the options a call may override (see :mod:`.call_overrides`); a value
-        for a feature the task does not have changes nothing.
+        A value for a feature the task does not have changes nothing.
         """
 
         def changed(policy: _P | None, fields: Mapping[str, str]) -> _P | None:

@@ -1,23 +1,13 @@
 """One publish of a LockedTask: the beat rate limit and the singleton lock.
 
-``apply_async`` (and so ``delay`` and beat) goes through a
-:class:`Publication` when the task is a singleton or has a global rate
-limit. A beat publish over the rate limit is not sent (beat would only log
-an error): it is counted in a budget of its own (:mod:`.features.rate_limit`), apart
-from the count made when the run starts. A singleton publish takes the
-singleton lock for the new task id first, and a duplicate gets the queued
-task's ``AsyncResult`` back (or :class:`~celery_redlock.errors.DuplicateTask`).
-What the worker does with the message is :mod:`.run`'s job.
+A beat publish over the rate limit is not sent (beat would only log an error); it counts in a
+budget apart from the run's. A singleton publish takes the singleton lock for the new task id
+first; a duplicate gets the queued copy's ``AsyncResult`` (or ``DuplicateTask``).
 
-Two beat processes on one schedule publish each tick once. Ticks of a
-crontab fall at the same time in both; a publish takes the tick's lock for
-``singleton_beat_window``. Ticks of an interval entry fall wherever each beat
-started (every 4 s from its own start): a publish also takes the entry's
-interval lock, held for the interval less a margin (a quarter of it, at most
-1 s; the interval is read from the beat schedule of this process,
-:func:`watch_beat`). Another beat's tick inside that hold is refused; the
-holder's own next tick, one interval later even if it runs up to the margin
-early, is not. Only Redis's ttl measures the hold: no clock of the beats'.
+Two beats on one schedule publish each tick once: a tick lock for ``singleton_beat_window``,
+and for an interval entry (whose ticks fall wherever each beat started) an interval lock held
+for the interval less a margin, so only the holder's own next tick passes. Redis's ttl measures
+the hold, not the beats' clocks (docs/configuration.md, ``singleton_beat_window``).
 """
 
 from __future__ import annotations
@@ -77,12 +67,7 @@ def _on_beat_init(sender: Any = None, **_: Any) -> None:
 
 
 class Publication:
-    """``task.apply_async(args, kwargs, task_id=..., **options)``, guarded by ``policy``.
-
-    Example (what ``LockedTask.apply_async`` does)::
-
-        return Publication(task, policy, args, kwargs, task_id, options).send()
-    """
+    """``task.apply_async(...)`` guarded by ``policy``: ``Publication(...).send()``."""
 
     def __init__(
         self,
@@ -100,19 +85,16 @@ class Publication:
         self.task_id = task_id
         self.options = options
         self.headers = dict(options.get("headers") or {})
-        # A run re-sent by a worker (a retry, a re-queue) keeps the headers of
-        # the message it came from, beat's included, and the ``retries`` beat
-        # never sets: it is no new tick, and must never be dropped as one.
+        # A retry or re-queue keeps beat's header but has ``retries``: no new tick, never drop it.
         self.from_beat = bool(self.headers.get(_BEAT_HEADER)) and options.get("retries") is None
         #: A copy sent again by a worker (a retry, a re-queue), not a new publish.
         self.resent = options.get("retries") is not None
 
     @functools.cached_property
     def delivered(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The call's ``(args, kwargs)`` as the worker will receive them: what keys render from.
+        """The call's ``(args, kwargs)`` as the worker receives them (a tuple arrives as a list).
 
-        Rendered from the arguments as given, a key could differ from the one
-        the worker renders from the message (a tuple arrives as a list).
+        Keys render from these, so the publisher's key matches the worker's.
         """
         task, args, kwargs = self.task, self.args, self.kwargs
         serializer = self.options.get("serializer") or task.serializer
@@ -138,8 +120,7 @@ class Publication:
         if singleton is None:
             return self._publish()
         if singleton.mode == "queued" and self.resent:
-            # The copy keeps its place: its running key was handed back to it
-            # (a retry), or it is the queued follow-up waiting its turn.
+            # The copy keeps its place: a retry's handed-back key, or the waiting follow-up.
             return self._publish()
         self.task_id = self.task_id or uuid()
         return self._send_singleton(singleton)
@@ -157,8 +138,7 @@ class Publication:
     def _send_singleton(self, singleton: SingletonPolicy) -> Any:
         task, task_id = self.task, self.task_id
         assert task_id is not None
-        # "queued" mode: a publish takes the follow-up's key, whatever runs. A
-        # run's next copy keeps the key its run handed back, whatever its arguments.
+        # "queued" mode takes the follow-up's key; a run's next copy keeps its handed-back key.
         handed = self.headers.get(KEY_HEADER) if self.resent else None
         key = handed or singleton.names(task.name, *self.delivered)[-1]
         redlock = redlock_for(task.app)
@@ -219,11 +199,7 @@ class Publication:
             raise
 
     def _beat_interval(self, singleton: SingletonPolicy, key: str) -> float | None:
-        """Seconds between the ticks of this process's beat entry that published ``key``.
-
-        ``None`` when no interval entry (longer than ``singleton_beat_window``)
-        sends this task with these arguments: a crontab's ticks need no slot.
-        """
+        """Seconds between ticks of this process's interval beat entry for ``key``, or ``None``."""
         service = _beat_service() if _beat_service is not None else None
         try:
             entries = list(service.scheduler.schedule.values()) if service is not None else []
@@ -246,11 +222,9 @@ class Publication:
         return None
 
     def _revoked_in_queue(self, key: str, value: str | None) -> bool:
-        """Free singleton ``key`` if its holder was revoked before it started.
+        """Free singleton ``key`` if its still-queued holder was revoked (the backend says so).
 
-        A revoked task published with a countdown stays in a worker until its
-        eta; Celery marks it ``REVOKED`` in the result backend at once. Only
-        a holder still ``queued`` is looked up, and freed by its exact owner.
+        A revoked countdown task sits in a worker until its eta, holding the key meanwhile.
         """
         parsed = LockValue.parse(value)
         if parsed is None or parsed.task_id is None or parsed.where != QUEUED:
@@ -268,13 +242,9 @@ class Publication:
     def _duplicate(self, key: str, holder_id: str) -> Any:
         """A singleton is already queued or running as ``holder_id``.
 
-        Beat gets the queued task's result either way: an exception would
-        only become an error line in its log. A copy in a canvas (a group, a
-        chord, a chain's step, a call with ``link``/``link_error``) is sent all
-        the same, naming the holder: the canvas waits for a result under its
-        own task id, and what follows it must run, which the worker sees to
-        once the holder has ended, with the holder's value even if the holder
-        ended before this copy arrived (:mod:`.features.redelivery`).
+        Beat always gets the ``AsyncResult`` (an exception would only be a log line). A canvas
+        copy is sent anyway, naming the holder, whose value it ends with in the worker
+        (:mod:`.features.redelivery`).
         """
         task = self.task
         singleton = self.policy.singleton

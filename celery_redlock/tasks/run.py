@@ -1,28 +1,14 @@
 """One run of a LockedTask in the process that executes it.
 
-A :class:`TaskRun` carries what the run needs -- the task, its request, its
-resolved policy, the call's arguments and the locks it holds -- the way
-Celery's own ``Request`` carries a delivery. It goes through, in order: the
-twin check, the debounce check (:mod:`.features.debounce`), a look at the global
-rate limit (so a limited run is re-queued before it touches a lock), the
-delivery lock of a run that may wait and have copies (:mod:`.features.redelivery`), the
-singleton lock (taken over from the publisher; in ``"queued"`` mode see
-:mod:`.features.queued_singleton`), the run lock, a slot of the concurrency limit
-(:mod:`.features.concurrency_limit`), and the rate limit's count (so only a run that starts
-spends a unit: see :mod:`.features.rate_limit`); then the task body; then it releases
-what it holds, on every way out: return, exception,
-``self.retry()`` (before the retry is published), ``Ignore``, ``Reject``,
-soft time limit.
+A :class:`TaskRun` carries the task, request, policy, arguments and held locks, as Celery's
+``Request`` carries a delivery. Order: twin check, debounce, a look at the rate limit (a limited
+run is re-queued before it touches a lock), delivery lock, singleton, run lock, concurrency
+slot, and last the rate limit's count (only a run that starts spends a unit); then the body;
+then release on every way out (``self.retry()``: before the retry is published). Ways a run
+ends without its body: :mod:`.run_endings`.
 
-A copy of a run (delivered again, or a duplicate singleton in a canvas) never
-runs beside it nor overwrites its result (:mod:`.features.redelivery`).
-
-The ways a run ends without running its body (busy lock or full limit,
-duplicate, twin, finished copy, unreachable nodes) are in :mod:`.run_endings`.
-
-One task instance serves every pool thread of a process, so nothing here is
-stored on the task: a run lives in its own object, found by the task's
-properties through a per-thread stack (:meth:`TaskRun.current`).
+One task instance serves every pool thread, so a run lives in its own object, found through a
+per-thread stack (:meth:`TaskRun.current`), never on the task.
 """
 
 from __future__ import annotations
@@ -74,8 +60,7 @@ logger = logging.getLogger("celery_redlock.task")
 class _Runs(threading.local):
     """The runs in progress on this thread (or greenlet), innermost last.
 
-    Not on the request: Celery copies unknown request attributes into the
-    message headers of a retry, and a lock is no message header.
+    Not on the request: Celery copies unknown request attributes into a retry's headers.
     """
 
     def __init__(self) -> None:
@@ -86,12 +71,7 @@ _runs = _Runs()
 
 
 class TaskRun:
-    """One run of a task under its policy: rate limit, singleton, run lock (a ``RunContext``).
-
-    Example (what ``LockedTask.__call__`` does)::
-
-        return TaskRun(task, policy, args, kwargs).run(call)
-    """
+    """One run of a task under its policy (a ``RunContext``): ``TaskRun(...).run(call)``."""
 
     def __init__(self, task: Any, policy: TaskPolicy, args: Any, kwargs: Any) -> None:
         self.task = task
@@ -99,14 +79,11 @@ class TaskRun:
         self.policy = policy
         self.args = args
         self.kwargs = kwargs
-        #: The locks held, in the order taken: singleton, run lock, then the
-        #: concurrency slot (a :class:`Semaphore` slot, renewed like a lock).
+        #: The locks held, in the order taken: singleton, run lock, concurrency slot.
         self.held: list[HeldLock] = []
-        #: The lock on this task id held while the run waits and runs, if it
-        #: takes one (see :mod:`.features.redelivery`); released after the others.
+        #: The task id's delivery lock (:mod:`.features.redelivery`); released after the others.
         self.delivery: HeldLock | None = None
-        #: The run lock of an eager run whose caller, on this thread, holds it:
-        #: the run goes on under the caller's hold, and never releases it.
+        #: The run lock a caller on this thread holds (re-entrant eager run); never released.
         self.borrowed: HeldLock | None = None
         self.task_id: str = self.request.id or f"direct-{os.urandom(8).hex()}"
         #: Singleton keys handed back to "queued" for the run's next copy.
@@ -156,9 +133,8 @@ class TaskRun:
             ended, value = look_at_winner(self, winner)
             if ended:
                 return value
-        # Maybe a copy of a run that ended already (which left a mark if so):
-        # delivered again, re-queued behind its twin, held for an eta (its
-        # copies may come due first), or a singleton. Eager runs have no copies.
+        # Maybe a copy of a run that already ended (and left a mark): re-delivered, re-queued
+        # behind its twin, held for an eta, or a singleton. Eager runs have no copies.
         delivered = not (request.is_eager or request.called_directly)
         copy = delivered and bool(redelivered(request) or self._header(TWIN_HEADER))
         check = copy or (delivered and (policy.singleton is not None or bool(request.eta)))
@@ -192,8 +168,7 @@ class TaskRun:
             if check:
                 redelivery.drop_if_finished(self, backend=copy or bool(request.eta))
             if policy.concurrency is not None:
-                # After the locks: a run that waits for a lock holds no slot
-                # others could use meanwhile (nor does a copy dropped above).
+                # After the locks: a run waiting for a lock holds no slot others could use.
                 self.held.append(SlotGate(self, policy.concurrency).take())
             if gate is not None:
                 # Last, so that a run re-queued for a busy lock spends no unit.
@@ -220,11 +195,9 @@ class TaskRun:
         replaces: str | None = None,
         busy: Callable[[str, str | None], NoReturn] | None = None,
     ) -> HeldLock:
-        """Acquire one lock of the run and hold it (:meth:`hold`).
+        """Acquire and hold one lock: the run lock with ``lock_policy``, else the singleton.
 
-        ``lock_policy`` is given for the run lock (its timeout and busy
-        action); without it, this is the singleton lock: never waited for,
-        and a busy one means a duplicate, or ``busy(key, holder_id)`` decides.
+        A busy singleton is never waited for: a duplicate, or ``busy(key, holder_id)`` decides.
         """
         owner = LockValue.owner_text(self.task_id, self.worker())
         lock = self.redlock.lock(key, ttl=self.ttl, owner=owner, replaces=replaces)
@@ -248,8 +221,7 @@ class TaskRun:
     ) -> HeldLock:
         """Acquire ``lease`` (waiting up to ``timeout``) and keep it renewed with the run's others.
 
-        Unreachable nodes re-queue the run; a lease still taken when the
-        wait ends calls ``busy(waited)``, which ends the run.
+        Unreachable nodes re-queue the run; a lease still busy calls ``busy(waited)``.
         """
         task, task_id = self.task, self.task_id
         started = _clock.monotonic()
@@ -277,12 +249,9 @@ class TaskRun:
     def send_again(self, send: Callable[[], Any], options: dict[str, Any]) -> Any:
         """Send the run's own next copy (a retry, a re-queue) with ``send``, handing it the locks.
 
-        They are released just before it is sent, so that it finds them free
-        however soon it comes up; a singleton's key goes back to "queued" for
-        it, so no duplicate can be published in between, and is named in the
-        copy's ``KEY_HEADER`` (added to its publish ``options``), which it
-        takes over whatever its arguments. If it is not sent, the run ends,
-        and the key is freed.
+        Released just before the send, so the copy finds them free however soon it runs; a
+        singleton's key goes back to "queued" (no duplicate can slip in) and is named in the
+        copy's ``KEY_HEADER``. If the send fails, the key is freed.
         """
         self.release_all(requeued=True)
         for name in self.handed_back:
@@ -323,8 +292,7 @@ class TaskRun:
     def release(self, held: HeldLock, *, requeued: bool = False) -> None:
         """Stop renewing and release one lock; safe to call twice.
 
-        With ``requeued``, a singleton lock goes back to the "queued" state
-        for the copy just re-queued (same task id) instead of being freed.
+        With ``requeued``, a singleton goes back to "queued" for the re-queued copy instead.
         """
         if held.released:
             return
@@ -340,8 +308,7 @@ class TaskRun:
             except QuorumUnavailable:
                 logger.warning("singleton %r could not be handed back to its retry", lock.name)
         if not lock.release() and not held.lost:
-            # Gone before its release (deleted, taken over, expired between
-            # renewals): the run's work may have overlapped another holder's.
+            # Gone before its release: the run's work may have overlapped another holder's.
             held.lost, held.lost_code = True, "lost_at_release"
             held.lost_reason = f"found gone at release: {lock.lost_reason or 'expired'}"
             self._send_lost(held, held.lost_reason)
@@ -390,5 +357,4 @@ def _may_wait(policy: TaskPolicy) -> bool:
 
 
 def _is_slot(held: HeldLock) -> bool:
-    """Whether ``held`` is a concurrency slot rather than a lock."""
     return isinstance(held.target(), Semaphore)

@@ -47,8 +47,4 @@ class RunContext(Protocol):
     def hold(
         self, lease: Lock | Semaphore, busy: Callable[[float], NoReturn], *, timeout: float = 0.0
     ) -> HeldLock:
-        """Acquire ``lease`` (waiting up to ``timeout``) and keep it renewed with the run's others.
-
-        Unreachable nodes re-queue the run; a lease still taken when the
-        wait ends calls ``busy(waited)``, which ends the run.
-        """
+        """Acquire ``lease`` (waiting up to ``timeout``) and keep it renewed; else ``busy``."""

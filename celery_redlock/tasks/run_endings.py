@@ -1,12 +1,7 @@
-"""What a run does when it does not run now: the ways a run ends without its body.
+"""The ways a run ends without its body: busy, duplicate, twin running, Redis unavailable.
 
-A run that finds its lock busy or its concurrency limit full is re-queued
-with a growing backoff that never spends ``max_retries``, or skipped, or
-fails, as ``on_lock_busy`` says; a duplicate singleton ends as a duplicate;
-a copy whose twin (same task id) still runs is re-queued behind it; a Redis
-that does not answer re-queues the run; a run is sent again with one more
-header. Each takes the run's :class:`~.run_context.RunContext` and ends the
-run by raising.
+Each takes the run's :class:`~.run_context.RunContext` and ends the run by raising; re-queues
+never spend ``max_retries``.
 """
 
 from __future__ import annotations
@@ -60,10 +55,8 @@ logger = logging.getLogger("celery_redlock.task")
 UNAVAILABLE_RETRY = 5.0
 #: Message header: a copy re-queued because its twin (same task id) was running.
 TWIN_HEADER = "redlock_twin"
-#: Message header: how many times this run was re-queued because its lock was busy
-#: (or its concurrency limit full).
-#: Celery's ``retries`` stays as it was (busy re-queues do not spend ``max_retries``),
-#: so the backoff and ``lock_busy_max_requeues`` count here.
+#: Message header: busy re-queues so far (lock busy or limit full). Celery's ``retries``
+#: is left alone, so the backoff and ``lock_busy_max_requeues`` count here.
 BUSY_HEADER = "redlock_busy"
 #: The longest countdown between two busy re-queues of a run, whatever the lock's ttl.
 BUSY_BACKOFF_MAX = 30.0
@@ -75,13 +68,9 @@ _MAX_BACKOFF_POWER = 10
 
 
 def busy_countdown(requeues: int, ttl: float, jitter: float) -> float:
-    """Seconds before a run that found its lock busy tries again.
+    """Seconds before a busy run tries again: ``2 ** requeues``, times ``jitter``.
 
-    ``2 ** requeues`` (``requeues``: the run's busy re-queues so far), capped
-    at the lock's ttl (a holder that dies frees the lock by then) and at
-    :data:`BUSY_BACKOFF_MAX`, times ``jitter`` (drawn from 0.5-1.5) so
-    waiting runs spread out. Runs waiting on one key come back ever more
-    rarely: once capped, each at most once every 15-45 s, however long it waits.
+    Capped at the lock's ttl (a dead holder's lock is gone by then) and :data:`BUSY_BACKOFF_MAX`.
     """
     power = min(max(requeues, 0), _MAX_BACKOFF_POWER)
     return min(float(2**power), ttl, BUSY_BACKOFF_MAX) * jitter
@@ -95,10 +84,7 @@ def jittered(seconds: float) -> float:
 def held_at_most(app: Any, countdown: float) -> float:
     """``countdown``, shortened to half the broker's ``visibility_timeout`` if that is less.
 
-    A worker holds a message with a countdown unacknowledged until it is
-    due; held longer than the visibility timeout, the broker delivers it
-    again, and each copy held as long is delivered again in turn. A copy
-    re-queued to look again later must be due before that.
+    A message held unacked past the visibility timeout is delivered again, copy after copy.
     """
     options = app.conf.broker_transport_options or {}
     timeout = options.get("visibility_timeout")
@@ -151,10 +137,7 @@ def lock_busy(ctx: RunContext, policy: LockPolicy, key: str, waited: float) -> N
 def give_up_waiting(ctx: RunContext, taken: Taken, policy: BusyPolicy, waited: float) -> NoReturn:
     """The wait for a lock or a slot ended with it still taken: apply ``on_lock_busy``.
 
-    ``"retry"`` re-queues without spending ``max_retries``, counted in
-    :data:`BUSY_HEADER`, backing off, and failing once the run has been
-    re-queued ``lock_busy_max_requeues`` times; ``"skip"`` ends the run
-    as ignored; ``"raise"`` (and any direct call) fails it.
+    ``"retry"`` fails once ``lock_busy_max_requeues`` is spent; a direct call always raises.
     """
     task, request = ctx.task, ctx.request
     action = policy.on_busy
@@ -209,12 +192,8 @@ def give_up_waiting(ctx: RunContext, taken: Taken, policy: BusyPolicy, waited: f
 def end_as_duplicate(ctx: RunContext, key: str, holder_id: str | None) -> NoReturn:
     """A singleton run found another copy queued or running: end as a duplicate.
 
-    The copy is not run. Unless it is the holder's own twin (same task id,
-    whose result must stay the holder's) or the holder cannot be told
-    (``holder_id`` ``None``: perhaps that twin), its result becomes a
-    failure with :class:`DuplicateTask` naming the holder, so that
-    ``result.get()`` on a copy sent with ``send_task`` raises instead of
-    waiting forever.
+    Its result becomes a ``DuplicateTask`` failure (``result.get()`` on a ``send_task`` copy
+    raises, not waits forever), unless it may be the holder's twin, whose result must stay.
     """
     task, request = ctx.task, ctx.request
     signals.duplicate_suppressed.send(sender=task, task_id=holder_id, key=key, where="worker")
@@ -227,9 +206,7 @@ def end_as_duplicate(ctx: RunContext, key: str, holder_id: str | None) -> NoRetu
     )
     if request.called_directly:
         raise duplicate
-    # No holder to name (it ended between the failed take and the look at
-    # the key, or the nodes did not say): this may be a copy of the run's
-    # own id, whose result a duplicate's failure must never overwrite.
+    # No holder to name: this may be a copy of our own id, whose result must stay.
     if request.id and holder_id is not None and request.id != holder_id:
         _store_duplicate(ctx, duplicate)
     raise Ignore()
@@ -279,10 +256,8 @@ def requeue_unavailable(
 ) -> NoReturn:
     """A Redis the run needs did not answer: re-queue it in :data:`UNAVAILABLE_RETRY` s, jittered.
 
-    Not counted as a retry. Logged (at DEBUG with ``quiet``: the limiter
-    tells its outage once), and handed to Celery's retry, as one line
-    ``<what>, Redis unavailable: <summary>``. A direct call or an eager
-    run, which nothing can re-queue, raises ``error``.
+    ``quiet`` logs at DEBUG (the limiter tells its outage once). A direct call or an eager run,
+    which nothing can re-queue, raises ``error``.
     """
     task, request = ctx.task, ctx.request
     if request.called_directly or request.is_eager:
@@ -308,10 +283,7 @@ def requeue_unavailable(
 def requeue_uncounted(
     ctx: RunContext, countdown: float, exc: BaseException, *, headers: dict[str, Any] | None = None
 ) -> NoReturn:
-    """Re-queue the current run without using up one of its ``max_retries``.
-
-    ``headers`` are set on the new message, beside those of the current one.
-    """
+    """Re-queue the current run without using up one of its ``max_retries``."""
     request = ctx.request
     request.retries = max(request.retries - 1, -1)
     options: dict[str, Any] = {}

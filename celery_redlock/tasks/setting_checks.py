@@ -1,16 +1,8 @@
 """One check per kind of value the Celery integration reads.
 
-Each validator takes the value and the name of the option it came from,
-returns the value in its checked form, and raises
-:class:`~celery_redlock.errors.ConfigurationError` built from the option and
-the problem. A caller that knows more (the task, the setting an entry came
-through) adds it with :meth:`ConfigurationError.with_context`; no caller
-writes its own message for these kinds of value.
-
-``None`` means "not set" everywhere in the integration and is handled by the
-caller (it picks the default), never by a validator. :func:`seconds` and
-:func:`positive_int` are those of :mod:`.._validators`, shared with the lock
-and the rate limiter.
+Each takes ``(value, option)``, returns the checked value or raises ``ConfigurationError``;
+callers add context with ``with_context``, never their own message. ``None`` ("not set") is the
+caller's to handle.
 """
 
 from __future__ import annotations
@@ -81,11 +73,7 @@ def string(value: Any, option: str) -> str:
 
 
 def redis_url(value: Any, option: str) -> str | redis.Redis:
-    """One Redis: a URL or a ``redis.Redis`` client.
-
-    Only the type is checked here; the URL itself is read (and its errors
-    reported) where the connection is made.
-    """
+    """One Redis: a URL or a ``redis.Redis`` client (the URL is read where it connects)."""
     if not isinstance(value, str | redis.Redis):
         raise ConfigurationError(option, f"expected a Redis URL, got {value!r}")
     return value
@@ -117,13 +105,7 @@ Cost: TypeAlias = int | Callable[[tuple[Any, ...], dict[str, Any]], int]
 
 @dataclass(frozen=True)
 class RateEntry:
-    """One limit of a ``global_rate_limit``, as written: its rate, key and algorithm.
-
-    ``key`` is a template or callable as for ``rate_limit_key`` (checked
-    against the task's arguments when its policy is built), ``None`` for the
-    task's ``rate_limit_key``; ``algorithm`` is ``None`` for the task's
-    ``rate_limit_algorithm``.
-    """
+    """One limit of a ``global_rate_limit``, as written; ``None`` key or algorithm: the task's."""
 
     rate: Rate | DynamicRate
     key: str | Callable[..., str] | None = None
@@ -144,8 +126,7 @@ def rate_limits(value: Any, option: str) -> tuple[RateEntry, ...]:
         [("10/s", "api:{customer}", "gcra")]                   # (rate, key, algorithm)
         [{"rate": "10/s", "key": "api:{customer}"}]            # the same as mappings
 
-    A callable rate is called with the limit's key on every run (a plan
-    per tenant). At most 16 limits.
+    A callable rate is called with the limit's key on every run. At most 16 limits.
     """
     if isinstance(value, list | tuple):
         items = list(value)

@@ -1,44 +1,8 @@
 """Typed settings read from ``app.conf``, validated once.
 
-=====================================  ======================================  ===================
-setting                                meaning                                 default
-=====================================  ======================================  ===================
-``redlock_nodes``                      lock node URLs (or ``redis.Redis``      the broker URL if
-                                       clients)                                it is Redis, else
-                                                                               ``redis://localhost
-                                                                               :6379/0``
-``redlock_key_prefix``                 prefix of every key written             ``"redlock:"``
-``redlock_default_ttl``                task lock time to live, seconds         ``60.0``
-``redlock_node_timeout``               longest wait for one node, seconds      ``0.05``
-``redlock_singleton_ttl``              ``singleton_ttl`` of singletons that    ``3600.0``
-                                       set none, seconds
-``redlock_on_duplicate``               ``on_duplicate`` of singletons that     ``"return"``
-                                       set none
-``redlock_tasks``                      ``{task name: {option: value}}`` for    ``{}``
-                                       tasks that do not subclass
-                                       ``LockedTask``
-``redlock_rate_limit_url``             where rate-limit counters live          the first lock node
-``redlock_rate_limit_fallback``        a second Redis that decides while the   none
-                                       first does not answer (counts of its
-                                       own)
-``redlock_rate_limit_on_unavailable``  with no rate-limit Redis answering, a   ``"retry"``
-                                       run is re-queued (``"retry"``, fail
-                                       closed) or runs unchecked
-                                       (``"allow"``, fail open)
-``redlock_rate_limit_margin``          seconds added to every ``sliding`` and  ``0.05``
-                                       ``gcra`` window, so that run *starts*
-                                       keep the limit
-``redlock_enabled``                    ``False``: every LockedTask runs as a   ``True``
-                                       plain task and no Redis is contacted
-                                       (tests)
-=====================================  ======================================  ===================
-
-A setting can also come through ``app.config_from_object(obj,
-namespace="CELERY")`` (Django's ``settings``), spelt ``CELERY_REDLOCK_NODES``.
-:func:`unknown_settings` finds names that look meant for celery_redlock but
-are never read (a typo, or the wrong case or namespace for how the app reads
-its configuration); the worker logs them and ``celery redlock check`` fails
-on them.
+Each setting, its meaning and default: docs/configuration.md, "Settings". A setting may also
+come through ``config_from_object(obj, namespace="CELERY")`` (Django) as ``CELERY_REDLOCK_NODES``;
+:func:`unknown_settings` finds names meant for us that are never read (typo, case, namespace).
 """
 
 from __future__ import annotations
@@ -78,11 +42,7 @@ DEFAULT_NODE = "redis://localhost:6379/0"
 
 @dataclass(frozen=True)
 class Settings:
-    """The ``redlock_*`` settings of one Celery app, checked.
-
-    Each field is the setting without its ``redlock_`` prefix; its default
-    here is the setting's default (``nodes`` has none: it follows the broker).
-    """
+    """The ``redlock_*`` settings of one Celery app, checked; fields drop the prefix."""
 
     nodes: tuple[str | redis.Redis, ...]
     key_prefix: str = KEY_PREFIX
@@ -126,11 +86,7 @@ class Settings:
             raise exc.with_context(option=f"redlock_{exc.option or 'nodes'}") from exc
 
     def make_limiter(self, **kwargs: Any) -> RateLimiter:
-        """A RateLimiter on ``redlock_rate_limit_url``, else the first lock node.
-
-        With its fallback, margin and what it does while no Redis answers
-        taken from the settings (``kwargs`` override them).
-        """
+        """A RateLimiter on ``redlock_rate_limit_url``, else the first node; ``kwargs`` win."""
         where = self.rate_limit_url or self.nodes[0]
         made: dict[str, Any] = {
             "key_prefix": rate_prefix(self.key_prefix),
@@ -176,11 +132,7 @@ KNOWN_SETTINGS: frozenset[str] = frozenset((*SETTING_NAMES, "redlock_enabled"))
 
 
 def written_as(conf: Any, setting: str) -> str:
-    """``setting`` as the app's configuration holds it.
-
-    ``CELERY_REDLOCK_TASKS`` when the app reads ``namespace="CELERY"``
-    settings (Django's) and that is how it was given; ``setting`` otherwise.
-    """
+    """``setting`` as the app's configuration holds it (``CELERY_REDLOCK_TASKS`` under Django)."""
     candidates = getattr(conf, "_to_keys", None)
     for key in candidates(setting) if callable(candidates) else ():
         if any(key in layer for layer in getattr(conf, "maps", ())[:-1]):
@@ -199,11 +151,7 @@ def in_user_terms(conf: Any, exc: ConfigurationError) -> ConfigurationError:
 
 
 def node_fallback(conf: Any) -> str | None:
-    """:data:`DEFAULT_NODE` when the locks fall back to it, else ``None``.
-
-    That is when ``redlock_nodes`` is unset and the broker is not Redis: the
-    locks then go to a Redis on this host that may not exist, or be shared.
-    """
+    """:data:`DEFAULT_NODE` when the locks fall back to it (worth a warning: it may be shared)."""
     if conf.get("redlock_nodes") is not None or _broker_redis_url(conf.get("broker_url")):
         return None
     return DEFAULT_NODE
@@ -212,12 +160,8 @@ def node_fallback(conf: Any) -> str | None:
 def unknown_settings(conf: Any) -> list[str]:
     """What is wrong with each ``app.conf`` name that looks meant for celery_redlock.
 
-    A name is reported when it is not read: a ``redlock_*`` name that is no
-    setting (``redlock_node``), a near miss of one (``redlok_nodes``), or a
-    setting in a spelling the app's configuration does not read
-    (``REDLOCK_NODES``, or ``CELERY_REDLOCK_NODES`` without the ``CELERY``
-    namespace). Each message names the setting meant, spelt as the app
-    reads it. ``conf`` is ``app.conf`` or a plain mapping.
+    Reported: no such setting (``redlock_node``), a near miss (``redlok_nodes``), or a spelling
+    this app does not read (``REDLOCK_NODES``); ``conf`` is ``app.conf`` or a plain mapping.
     """
     conf.get("redlock_nodes")  # Celery reads its configuration on first use
     prefix = getattr(conf, "prefix", None) if not isinstance(conf, dict) else None
@@ -253,11 +197,7 @@ def unknown_settings(conf: Any) -> list[str]:
 
 
 def _broker_redis_url(broker_url: Any, transport_options: Any = None) -> str | None:
-    """The broker's Redis as a lock node URL, if the broker is Redis.
-
-    A Sentinel-managed broker (``sentinel://...;sentinel://...`` with the
-    ``master_name`` transport option, kombu's form) is one node: its master.
-    """
+    """The broker's Redis as a lock node URL; a Sentinel broker (kombu's form) is its master."""
     if isinstance(broker_url, list | tuple):
         broker_url = broker_url[0] if broker_url else None
     if isinstance(broker_url, str):

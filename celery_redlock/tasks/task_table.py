@@ -7,22 +7,10 @@
         "crm.sync": {"lock_key": "crm", "global_rate_limit": "10/m"},
     }
 
-Each named task gets the options as if it had been declared with
-``base=LockedTask``: its class is replaced by a subclass of ``LockedTask``
-and the original class; its code is not touched. An entry applies as soon as
-both its task is registered and :func:`~celery_redlock.setup` (or a
-worker's start-up step) has run on the app, whichever order the process
-does them in: :func:`apply_entries` configures the tasks registered so far,
-and :func:`watch_registrations` every task registered later -- a module
-imported after the app was finalized, a ``shared_task`` of a library.
-Publishing goes through the task's class, and a task is registered before it
-can be published, so its first publish already takes its singleton lock.
-
-A configured name that no module has registered is not an error: a
-publisher may never import the module that defines it (it publishes by
-name). A worker warns about such names at start-up. Bad option names and
-values are :class:`~celery_redlock.errors.ConfigurationError` for every
-entry, registered or not.
+Each named task's class becomes a subclass of ``LockedTask`` and its own class, whichever comes
+first, the registration or :func:`~celery_redlock.setup`: :func:`apply_entries` configures the
+tasks registered so far, :func:`watch_registrations` those registered later. An unregistered
+name is no error (a publisher may publish by name); a worker warns about it.
 """
 
 from __future__ import annotations
@@ -61,10 +49,7 @@ def entry_name(name: str) -> str:
 
 
 def check_entry(name: str, options: Mapping[str, Any]) -> None:
-    """Check one entry's option names and values, without needing its task.
-
-    Key templates are checked against the task's arguments later, when the
-    task is configured.
+    """Check one entry's option names and values; key templates wait for the task.
 
     Raises:
         ConfigurationError: naming ``redlock_tasks['name'].option``.
@@ -155,10 +140,8 @@ class _Watching:
             except ConfigurationError:
                 return  # bad settings: reported by the finalize hook and the worker
         elif app.configured:
-            # A task used before the app is finalized (a publisher that only
-            # calls .delay() on imported tasks never finalizes it): its entry
-            # applies now. The settings are read, not cached, as the app may
-            # still be configured further.
+            # A publisher that only calls .delay() never finalizes the app: apply now, reading
+            # the settings uncached, as the app may still be configured further.
             entries = app.conf.get("redlock_tasks") or {}
             if not isinstance(entries, Mapping):
                 return  # reported when the settings are read
@@ -175,9 +158,7 @@ class _Watching:
 class StartupRefused(ConfigurationError, CeleryCommandException):  # type: ignore[misc]
     """A bad setting or ``redlock_tasks`` entry, found as a worker starts or a task is evaluated.
 
-    A :class:`ConfigurationError`, and a click error for Celery's command
-    line, which prints ``Error: celery_redlock: <problem>`` and exits with
-    status 2 instead of a traceback.
+    Also a click error, so Celery's command line prints one line and exits 2, not a traceback.
     """
 
     def __init__(self, error: ConfigurationError) -> None:
@@ -193,10 +174,8 @@ _watching: dict[type, type] = {}
 def watch_registrations(app: Any) -> None:
     """Configure every task the app registers from now on by its ``redlock_tasks`` entry.
 
-    Celery has no signal for a task being registered; every registration
-    (``@app.task``, ``shared_task``, ``register_task``) stores the task in
-    the app's registry, so the registry is made to apply the entry. This is
-    the one place that reaches into Celery's registry (``app._tasks``).
+    Celery has no registration signal, so the registry (``app._tasks``, touched only here)
+    applies the entry as each task is stored.
     """
     registry = app._tasks
     cls = type(registry)

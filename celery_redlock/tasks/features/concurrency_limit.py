@@ -1,20 +1,9 @@
 """Where a task's concurrency limit is held: one slot of a semaphore per run.
 
 ``@app.task(base=LockedTask, concurrency_limit=3, concurrency_key="export:{tenant_id}")``
-lets at most 3 runs per key inside their body at once, across every worker.
-:class:`SlotGate` takes the slot for a run (:class:`~..run_context.RunContext`),
-after its locks and before the rate limit counts it:
-
-- the slot is a :class:`~celery_redlock.lock.semaphore.Semaphore` slot owned by
-  ``task_id|host:pid`` (as a lock is), renewed by the process heartbeat with
-  the run's locks and released with them on every way out; the worker's
-  main process frees it by that owner when the pool process dies
-  (:func:`celery_redlock.tasks.app_setup.free_by_owner`);
-- a run that finds every slot taken waits up to ``lock_timeout`` in the
-  semaphore's queue, woken by a release, then ``on_lock_busy`` applies: a
-  ``"retry"`` re-queue is a busy re-queue like a busy lock's: it does not
-  spend ``max_retries``, backs off the same way and counts towards
-  ``lock_busy_max_requeues``.
+lets at most 3 runs per key inside their body at once, across every worker. The slot is owned,
+renewed and freed like a lock (``task_id|host:pid``); a full limit is waited for and handled as
+a busy lock (``lock_timeout``, then ``on_lock_busy``).
 """
 
 from __future__ import annotations
@@ -32,12 +21,7 @@ __all__ = ["SlotGate"]
 
 
 class SlotGate:
-    """The concurrency limit of one run: the slot it takes, or what it does without one.
-
-    Example (what :class:`~celery_redlock.tasks.run.TaskRun` does)::
-
-        held = SlotGate(run, policy.concurrency).take()   # registered with the heartbeat
-    """
+    """The concurrency limit of one run: the slot it takes, or what it does without one."""
 
     def __init__(self, run: RunContext, policy: ConcurrencyPolicy) -> None:
         self.run = run
@@ -45,23 +29,14 @@ class SlotGate:
         self.key = policy.key.render(run.args, run.kwargs)
 
     def take(self) -> HeldLock:
-        """Take a slot and hold it with the run's locks; on a full limit, ``on_lock_busy``.
-
-        Waits up to ``lock_timeout`` for a slot (woken by the release of
-        one, in arrival order among the waiters).
-        """
+        """Take a slot (waiting up to ``lock_timeout``) and hold it with the run's locks."""
         run, policy = self.run, self.policy
         owner = LockValue.owner_text(run.task_id, run.worker())
         slots = run.redlock.semaphore(self.key, policy.limit, ttl=run.ttl, owner=owner)
         return run.hold(slots, self.busy, timeout=policy.timeout)
 
     def busy(self, waited: float) -> NoReturn:
-        """Every slot stayed taken: apply ``on_lock_busy`` (re-queue, skip or raise).
-
-        A re-queue is a busy re-queue like a busy lock's: counted by the run's
-        busy-requeue header (not ``max_retries``), backing off the same way,
-        and ended by ``lock_busy_max_requeues``.
-        """
+        """Every slot stayed taken: apply ``on_lock_busy``, as for a busy lock."""
         policy, key = self.policy, self.key
         taken = Taken(
             key=key,

@@ -5,43 +5,12 @@
     @app.task(base=LockedTask, debounce=5.0, debounce_key="reindex:{doc_id}")
     def reindex(doc_id, reason): ...
 
-Every publish (``delay``/``apply_async``, beat) records itself, in one
-script call, as its key's *latest* copy, due ``debounce`` seconds from now
-on the Redis clock, and is sent with that countdown. When a copy comes up in
-a worker it runs only if it is still its key's latest and due; otherwise a
-later publish replaced it, and it ends without running, its result a
-:class:`~celery_redlock.errors.Superseded` failure naming the copy that
-replaced it (so ``.get()`` on it raises at once instead of waiting). The last
-copy of a burst was published last, so its countdown ends at least
-``debounce`` seconds after the burst's last publish: the task runs once, then,
-with the last publish's arguments.
-
-Where the record lives, and why: on one Redis, the rate limiter's
-(``redlock_rate_limit_url``, else the first lock node), as
-``<prefix>debounce:{<name>}`` (see :func:`celery_redlock._layout.debounce_record`).
-The record is a register, "which publish came last", and one server
-running one script per publish orders every publish of a key, from any
-number of processes, in one round trip. Spread over a quorum of lock
-nodes, publishes that race could be ordered differently on different
-nodes, and a copy would need a majority to agree before it could know
-whether to run. What the single server may do instead is fail, and neither
-failure loses a publish:
-
-- it does not answer at publish: the message is sent anyway (logged), without
-  a sequence number; the first worker to get it records it then and puts it
-  back for ``debounce`` seconds. It does not answer when a copy comes up: the
-  copy is re-queued (not counted as a retry) until it does.
-- it restarts empty, or the record expired (``debounce_ttl`` after the last
-  copy was due): each publish carries its sequence number (the server's
-  clock in microseconds, strictly increasing per key), a copy that finds no
-  record, or one older than itself, records itself and runs. So the newest
-  publish always runs; older ones may too, once each.
-
-Runs of one key never overlap: a debounced task's run lock is named after
-its debounce key unless it has a ``lock_key`` of its own. Eager runs
-(``apply()``, ``task_always_eager``) are not debounced. Copies sent by name
-(``app.send_task``) are recorded when a worker first gets them, and then wait
-``debounce`` seconds like any other.
+Each publish records itself as its key's *latest* copy and is sent with the ``debounce``
+countdown; a copy that comes up no longer latest ends with a ``Superseded`` failure. The record
+lives on one Redis, not a quorum: one server orders racing publishes in one round trip. If it
+fails no publish is lost: an unrecorded copy is recorded by the first worker to get it, and
+every copy carries a sequence number, so the newest always runs (docs/debounce.md, "Where the
+record lives").
 """
 
 from __future__ import annotations
@@ -94,8 +63,7 @@ class Publishing(Protocol):
 def publish(publication: Publishing) -> Any:
     """Send one debounced publish: record it as its key's latest, then send it delayed.
 
-    A re-send of a copy (a retry, a re-queue: Celery sets ``retries``) keeps
-    its record, header and countdown: it is the same publish.
+    A re-send (a retry, a re-queue) is the same publish and keeps its record.
     """
     task = publication.task
     policy = publication.policy.debounce

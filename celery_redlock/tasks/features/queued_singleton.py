@@ -5,34 +5,11 @@
     @app.task(base=LockedTask, singleton=True, singleton_mode="queued")
     def rebuild_index(shard): ...
 
-The default mode (``"one"``) keeps one copy queued *or* running: a publish
-while a copy runs returns the running copy, so whatever changed after that
-run read its input is never processed. In ``"queued"`` mode a publish while a
-copy runs queues one follow-up, and further publishes return that follow-up
-until it starts. The guarantee: **every publish is followed by a run whose
-body starts after the publish** — either its own, or the queued copy it
-returns, which has not started yet.
-
-Two locks per singleton name (see :mod:`.singleton`):
-
-- ``<name>:queued`` is taken by the publisher, holding the new task id with
-  ``singleton_ttl``, as the one key in the default mode is; a publish that
-  finds it held returns (or raises :class:`~celery_redlock.errors.DuplicateTask`
-  for) the task that holds it;
-- ``<name>`` is the running copy's, taken when the copy starts in the
-  worker and kept by the heartbeat. Only once it holds ``<name>`` does the
-  copy free ``<name>:queued``, before its body starts, so that the next
-  publish queues the next follow-up.
-
-A copy that comes up while another runs waits as the follow-up: it is
-re-queued (not counted as a retry) every second or so, jittered, keeping
-``<name>:queued``, until the running copy ends. A copy that never went through
-the publish-time check (``app.send_task``) takes ``<name>:queued`` when it
-comes up, or ends as a duplicate of the follow-up that holds it. A retry
-(``self.retry()``) hands ``<name>`` back to the retried copy, so between its
-attempts a copy is still the current one and the follow-up keeps waiting. A
-message re-delivered while its twin runs is put back behind it, as in the
-default mode.
+The guarantee: every publish is followed by a run whose body starts after it. Two locks per
+name: ``<name>:queued``, taken at publish (a publish finding it held returns its holder), and
+``<name>``, taken by the copy that runs, which frees ``<name>:queued`` only once it holds
+``<name>``, before its body. A copy coming up while another runs is re-queued every second or
+so as the follow-up. Details and tests: docs/debounce.md, "One running plus one queued".
 """
 
 from __future__ import annotations
@@ -58,17 +35,11 @@ FOLLOW_UP_POLL = 1.0
 
 
 def running(run: RunContext, name: str) -> None:
-    """The run took ``name``, as the singleton's running copy: free its ``<name>:queued``.
-
-    So a new follow-up can queue. (Taken over from the copy's own retry, if
-    it left ``name`` "queued"; a busy ``name`` went to :func:`wait_or_end`.)
-    """
+    """The run took ``name`` as the running copy: free ``<name>:queued`` for a new follow-up."""
     redlock = run.redlock
     queued = queued_name(name)
-    # Freed with its publish's argument preview: the copy no longer waits.
-    # Not ours, or no longer held, is the usual case for a copy sent by name
-    # or a retry. Held by us on a majority still would make later publishes
-    # return this running copy until singleton_ttl: say so.
+    # Not ours or gone is usual (sent by name, a retry). Still ours on a majority would make
+    # publishes return this running copy until singleton_ttl: say so.
     if (
         redlock.release_owner(queued, run.task_id, QUEUED) < redlock.quorum
         and task_id_of(redlock.holder(queued)) == run.task_id

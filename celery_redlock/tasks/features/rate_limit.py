@@ -1,39 +1,11 @@
 """Where a task's global rate limit is counted: when a run starts, and when beat publishes.
 
-One rule holds for every task with a ``global_rate_limit``, whoever
-published its runs (``delay``, ``send_task``, beat, canvas, retries): a run
-is counted in the limit's budget at the moment it *starts*, never before.
-So :class:`RateGate` is asked twice in the worker (:class:`~..run.TaskRun`):
-
-1. :meth:`RateGate.screen`, before any lock is taken, only *looks*
-   (``peek``): a run the limit would refuse now is re-queued without having
-   touched a lock (for a task that takes one; without locks it is skipped);
-2. :meth:`RateGate.admit`, once the locks are held, *counts* (``hit``), just
-   before the task body is called. A run that finds its lock busy is
-   re-queued before it gets here, so it never spends a unit: only runs that
-   start do. A run refused here (another worker took the last unit since the
-   screen) gives its locks back and is re-queued.
-
-Beat is asked once more, at publish (:meth:`RateGate.at_publish`): a tick
-over the limit is not sent at all, which is what stops a runaway schedule
-from filling the queue. That count goes to a separate *budget* of the same
-limit (``"publish"``: same key, rate and override, units counted apart), so
-a published tick is counted once for publishing and once when its run
-starts, each in its own budget: ticks that piled up behind a busy worker
-start at the limit's pace, not in a burst, and nothing is counted twice in
-one budget.
-
-The task body can report that the service behind a limit refused a call
-(:meth:`RateGate.refused`, ``self.rate_limited()``): the key is paused for
-every worker and for beat's publishes, an adaptive limit's rate in force is
-lowered, and the run is re-queued for the pause's end like any limited run.
-
-When the limiter's Redis does not answer, a run is re-queued for later
-(``redlock_rate_limit_on_unavailable = "retry"``, the default: fail
-closed, not counted against ``max_retries``) or runs unchecked (``"allow"``,
-fail open); the limiter logs the outage once on ``celery_redlock.ratelimit``
-and its end once, not once per run. A beat tick is published unchecked
-either way: refusing it would lose it, and its run is counted when it starts.
+A run is counted when it *starts*, whoever published it: :meth:`RateGate.screen` only looks
+before any lock is taken (a limited run touches no lock), :meth:`RateGate.admit` counts once
+the locks are held (a run re-queued for a busy lock spends nothing). Beat's publishes are also
+counted, in a separate ``"publish"`` budget, so a runaway schedule cannot fill the queue and
+piled-up ticks still start at the limit's pace. With the limiter down a beat tick is sent
+unchecked: refusing it would lose it. See docs/rate-limiting.md, "Celery tasks".
 """
 
 from __future__ import annotations
@@ -65,15 +37,7 @@ PUBLISH_BUDGET = "publish"
 
 
 class RateGate:
-    """The global rate limits of one call of a task, and the units it takes.
-
-    Example (what :class:`~..run.TaskRun` does)::
-
-        gate = RateGate(task, policy.rate, args, kwargs)
-        gate.screen(run)      # before the locks: look
-        ...take the locks...
-        gate.admit(run)       # then count, and run
-    """
+    """The global rate limits of one call of a task, and the units it takes."""
 
     def __init__(self, task: Any, policy: RatePolicy, args: Any, kwargs: Any) -> None:
         self.task = task
@@ -141,20 +105,16 @@ class RateGate:
             raise Ignore()
         if action == "raise" or request.called_directly:
             raise error
-        # Spread the waiting runs over one slot of the limit, so they do not all
-        # come back at the same moment.
+        # Spread the waiting runs over one slot of the limit, not all back at once.
         spread = tightest.period / tightest.limit
         requeue_uncounted(run, decision.retry_after + random.uniform(0.0, spread), error)
 
     def refused(self, run: RunContext, retry_after: float | None, key: str | None) -> NoReturn:
         """The service behind a limit refused this run's call: pause, adapt, re-queue.
 
-        Pauses the limit's key (``key``; default: the limits on the task's
-        ``rate_limit_key``) for every worker and for beat's publishes until
-        ``retry_after`` seconds have passed (``None``: one interval of the rate
-        in force; a longer pause in force stays), lowers the rate in force of a
-        ``rate_limit_adaptive`` task, and re-queues this run for the pause's
-        end, not counted against ``max_retries``.
+        Pauses ``key`` (default: the limits on ``rate_limit_key``) everywhere for ``retry_after``
+        s (``None``: one interval of the rate; a longer pause stays), lowers an adaptive rate,
+        and re-queues the run for the pause's end without spending ``max_retries``.
         """
         task, request = self.task, run.request
         limits = [
@@ -210,8 +170,7 @@ class RateGate:
     def at_publish(self) -> EagerResult | None:
         """Count a beat publish in the publish budget: an ``IGNORED`` result if refused.
 
-        ``None`` means: publish (admitted, or not checked because the limiter
-        is down; the run is counted when it starts either way).
+        ``None``: publish (admitted, or the limiter is down).
         """
         task = self.task
         limits = self.policy.call_limits(self.args, self.kwargs, budget=PUBLISH_BUDGET)

@@ -1,59 +1,14 @@
 """Copies of a run: a message delivered again after its run ended, a duplicate in a canvas.
 
-**Re-delivery.** A Redis or SQS broker delivers an unacknowledged message
-again after its ``visibility_timeout`` (``acks_late``, or a message a worker
-holds for its ``eta``), with the same task id. A copy delivered while its
-twin runs is re-queued behind it (:mod:`..run`); a copy delivered after the
-twin ended must not run at all, or it runs the body a second time and
-overwrites the twin's result. So:
+A re-delivered copy (same task id) must never run after its twin ended: a run whose message
+may come again writes a *done mark* before releasing its locks, and a possible copy drops itself
+if it finds the mark or a ready state in the result backend. A run that may wait first holds a
+*delivery lock* on its task id, so two copies never look for the mark at once. A run the worker
+killed gets an *ended mark* first, so its late release tells no loss. Protocol and limits:
+docs/operations.md, "Broker visibility_timeout and acks_late".
 
-- a run whose message may come again (:func:`leaves_mark`: ``acks_late``,
-  an ``eta``; or a re-delivered or re-queued copy) writes a
-  *done mark* for its task id on the lock nodes when its body ends, before
-  it releases its locks (if it holds any: a task with a global rate limit
-  only writes one too), kept for :data:`DONE_TTL_FACTOR` times the lock's
-  ttl;
-- a run that may be such a copy (kombu marks it ``redelivered``, or it was
-  re-queued behind its twin) checks, once it holds its locks, whether its
-  task id has a done mark or a result in a ready state (``SUCCESS``,
-  ``FAILURE``, ``REVOKED``) in the result backend (:func:`finished`), and
-  ends as ignored if so, keeping the twin's result. A retry (``RETRY``) is
-  no end: it runs;
-- a run that may have been overtaken by its own copy (it has an ``eta``, or
-  it is a singleton, whose worker may have held it while the broker
-  delivered it again) looks for the done mark: the copy, if it ran, left
-  one; with an ``eta``, also for a ready state in the result backend, since
-  its copies (the broker's, and those a rate limit re-queues) may come after
-  the mark expired;
-- a run whose message may come again and that may wait (for its lock, with
-  a ``lock_timeout``, or for a concurrency slot, which no copy can tell from
-  another run's) first holds its task id's *delivery lock*
-  (:func:`delivery_name`), renewed like its other locks, until its done mark
-  is written. A copy delivered while it waits or runs finds that lock held by
-  its own task id and is re-queued behind it, so the look for a done mark
-  is never made by two copies at once, before or after a wait.
-
-A run the worker ends itself (a hard time limit, ``revoke(terminate=True)``)
-gets an *ended mark* (:func:`mark_ended`) written by the worker's main
-process before it frees the run's locks by their owner: the killed run's
-own release or renewal, which may still come, finds its locks gone by
-design and tells no loss (:func:`ended_by_worker`).
-
-Other runs neither write nor read anything more. Without a result backend
-the mark alone tells: a copy arriving more than ``2 * lock_ttl`` after its
-twin ended runs again (never beside it).
-
-**Canvas.** A group or chord with two identical singleton signatures
-freezes a task id for each; the second copy must end with a result or
-``group.get()`` and the chord wait forever. So must a duplicate that is a
-chain's step or carries ``link``/``link_error``, or the rest of the chain
-never runs and ``chain(...).get()`` waits forever. Its publish is not suppressed
-(:mod:`..publish`); in the worker the copy finds the singleton held by
-the other id (in ``"queued"`` mode: the follow-up's key, by the copy that
-waits as the follow-up), and is re-queued (:data:`WINNER_HEADER`) until that
-run has ended: it then ends with the winner's return value, or fails with
-:class:`~celery_redlock.errors.DuplicateTask` if the winner did not succeed
-(:func:`winner_outcome`).
+A duplicate singleton in a canvas cannot just end (``group.get()`` or the chain would wait
+forever): it is re-queued until the winner ends, then ends with its value or ``DuplicateTask``.
 """
 
 from __future__ import annotations
@@ -118,12 +73,7 @@ def redelivered(request: Any) -> bool:
 
 
 def leaves_mark(task: Any, request: Any) -> bool:
-    """Whether a run's message may be delivered again once the run ended.
-
-    ``acks_late`` keeps it unacknowledged while it runs; a message with an
-    ``eta`` is held unacknowledged by the worker until then. (Copies are
-    decided by the caller.)
-    """
+    """Whether the message may come again after the run (``acks_late``, or an unacked ``eta``)."""
     return bool(getattr(task, "acks_late", False) or getattr(request, "eta", None))
 
 
@@ -138,17 +88,14 @@ def mark_done(redlock: Redlock, task_id: str, ttl: float) -> None:
 def mark_ended(redlock: Redlock, task_id: str, where: str, ttl: float) -> None:
     """Record on every lock node that the worker ended the run of ``task_id`` at ``where``.
 
-    Best effort; written before the worker frees the run's locks, and kept
-    for ``ttl``, the longest the run could still take its locks for held.
+    Written before the worker frees the run's locks; ``ttl``: as long as the run could think it
+    still holds them.
     """
     _mark(redlock, ended_key(redlock.key_prefix, task_id, where), ttl)
 
 
 def ended_by_worker(redlock: Redlock, task_id: str, where: str) -> bool:
-    """Whether the worker ended the run of ``task_id`` at ``where`` (:func:`mark_ended`).
-
-    ``False`` when the nodes cannot tell: a loss is told rather than hidden.
-    """
+    """Whether the worker ended this run (:func:`mark_ended`); if unsure ``False``: loss shows."""
     try:
         return _marked(redlock, ended_key(redlock.key_prefix, task_id, where))
     except Exception:
@@ -178,9 +125,7 @@ def _marked(redlock: Redlock, key: str) -> bool:
 def finished(task: Any, redlock: Redlock, task_id: str, *, backend: bool = True) -> str | None:
     """Why ``task_id`` counts as finished (a done mark, a ready state), or ``None``.
 
-    ``redlock``: the lock nodes to look for a done mark on. ``backend``: ask
-    the result backend too (a singleton that is no copy itself and has no
-    ``eta`` only needs the mark: a copy that ran first left one).
+    ``backend=False`` reads the mark only: enough for a run that is no copy and has no ``eta``.
     """
     if _marked(redlock, done_key(redlock.key_prefix, task_id)):
         return "its run left a done mark"
@@ -196,10 +141,7 @@ def finished(task: Any, redlock: Redlock, task_id: str, *, backend: bool = True)
 
 
 def drop_if_finished(run: RunContext, *, backend: bool) -> None:
-    """End a copy as ignored if its task id already finished, keeping the result it left.
-
-    ``backend``: ask the result backend too, not only the lock nodes.
-    """
+    """End a copy as ignored if its task id already finished, keeping the result it left."""
     why = finished(run.task, run.redlock, run.task_id, backend=backend)
     if why is not None:
         logger.info("task %s: already finished (%s); this copy is not run", run.task_id, why)
@@ -210,32 +152,20 @@ def drop_if_finished(run: RunContext, *, backend: bool) -> None:
 
 
 def in_canvas(request: Any) -> bool:
-    """Whether the run is part of a canvas: a group, a chord, a chain, or has callbacks.
-
-    Someone waits for its result under its own task id, or something runs after it.
-    """
+    """Whether something waits for this run's result or runs after it (group, chord, chain...)."""
     names = ("group", "chord", "chain", "callbacks", "errbacks")
     return any(getattr(request, name, None) for name in names)
 
 
 def duplicate_found(run: RunContext, key: str, holder_id: str | None) -> NoReturn:
-    """A singleton run found another copy queued or running: it is not run.
-
-    A copy in a canvas waits for the holder's result and ends with it
-    (:func:`stand_in`); any other ends as a duplicate (:func:`.run_endings.end_as_duplicate`).
-    """
+    """A singleton run found another copy: a canvas copy stands in, any other ends duplicate."""
     if holder_id and in_canvas(run.request) and not run.request.called_directly:
         stand_in(run, key, holder_id)
     end_as_duplicate(run, key, holder_id)
 
 
 def stand_in(run: RunContext, key: str, holder_id: str) -> NoReturn:
-    """A duplicate singleton in a canvas: end with the result of ``holder_id``, later.
-
-    Its task id was frozen by the canvas, which waits for a result under it.
-    With ``on_duplicate="raise"`` it fails now with :class:`DuplicateTask`;
-    otherwise it is re-queued until the holder has ended.
-    """
+    """A duplicate singleton in a canvas: fail now (``"raise"``) or wait for the holder's end."""
     task = run.task
     signals.duplicate_suppressed.send(sender=task, task_id=holder_id, key=key, where="worker")
     assert run.policy.singleton is not None
@@ -255,8 +185,7 @@ def stand_in(run: RunContext, key: str, holder_id: str) -> NoReturn:
 def look_at_winner(run: RunContext, winner: str) -> tuple[bool, Any]:
     """A canvas copy back from waiting for ``winner``: its result, or wait again.
 
-    Returns ``(True, value)`` to end with the winner's value, ``(False,
-    None)`` to run as a singleton of its own (the winner is gone).
+    ``(True, value)``: end with it; ``(False, None)``: the winner is gone, run as its own singleton.
     """
     task, singleton = run.task, run.policy.singleton
     assert singleton is not None
@@ -277,11 +206,7 @@ def look_at_winner(run: RunContext, winner: str) -> tuple[bool, Any]:
 def _wait_for_winner(
     run: RunContext, key: str, holder_id: str, left: float, *, again: bool = False
 ) -> NoReturn:
-    """Re-queue a canvas copy until ``holder_id``, which holds singleton ``key``, has ended.
-
-    ``left`` is the holder's lock's time to live, in seconds. Told at INFO
-    the first time, at DEBUG each time the copy looks again.
-    """
+    """Re-queue a canvas copy until ``holder_id`` ends; ``left``: its lock's ttl, seconds."""
     countdown = held_at_most(run.task.app, jittered(max(0.2, min(left, _WINNER_POLL))))
     logger.log(
         logging.DEBUG if again else logging.INFO,
@@ -296,16 +221,11 @@ def _wait_for_winner(
 def winner_outcome(
     task: Any, redlock: Redlock, names: Sequence[str], winner: str
 ) -> tuple[bool, Any]:
-    """What a canvas copy waiting for ``winner``, which held one of singleton ``names``, does now.
+    """What a canvas copy waiting for ``winner`` (holder of one of ``names``) does now.
 
-    Returns ``(True, value)`` when the winner succeeded: the copy ends with
-    its value. Returns ``(False, seconds)`` while the winner still holds one
-    of ``names`` (queued, waiting as the follow-up, or running), or its
-    result is on its way: wait that long. Returns ``(False, None)`` when the
-    winner is gone without a result: the copy runs as a singleton of its own.
-
-    Raises:
-        DuplicateTask: the winner ended without succeeding.
+    ``(True, value)``: the winner succeeded. ``(False, seconds)``: it still holds a name or its
+    result is on its way; wait. ``(False, None)``: gone without a result; run as its own singleton.
+    Raises ``DuplicateTask`` if the winner ended without succeeding.
     """
     meta = _meta(task, winner)
     state = meta.get("status", states.PENDING)

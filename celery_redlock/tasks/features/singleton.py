@@ -1,30 +1,9 @@
 """Singleton tasks: one queued-or-running copy per task and arguments.
 
-At publish time (``delay``/``apply_async``, so also beat) the publisher
-takes a lock named after the task and a canonical hash of its bound
-arguments, holding the new task id for ``singleton_ttl`` -- the time the
-message may wait in the queue. A second publish with the same arguments
-finds it held and gets the queued task's ``AsyncResult`` back (or
-:class:`~celery_redlock.errors.DuplicateTask`). When the worker starts the
-task it takes over that same lock (value ``token|task_id|queued`` becomes
-``token|task_id|host:pid``), the heartbeat keeps it, and it is released
-when the run ends.
-
-Argument hashing is canonical (:func:`..key_templates.canonical_hash`):
-arguments are bound to the task's signature with defaults applied, so
-``f(7)``, ``f(x=7)`` and ``f(7, flag=False)`` (when ``flag`` defaults to
-``False``) are one key, whatever the keyword order. Numbers compare as
-Python does: ``1`` and ``1.0`` are the same key (as ``1 == 1.0``), but
-``True`` is not ``1``; tuples and lists are the same; dict keys are sorted.
-Values that are not JSON-like (``str``, numbers, ``bool``, ``None``, lists,
-tuples, dicts with string keys) cannot be hashed stably and raise
-:class:`~celery_redlock.errors.ConfigurationError`: pass a ``singleton_key``
-for such tasks.
-
-Publish-side limits: ``app.send_task`` and ``signature.apply_async()`` for a
-task not registered in the publishing app do not go through the task
-class, so they take no publish-time lock; the worker still refuses to run a
-second copy while one runs.
+The publisher takes a lock on the task and a canonical hash of its bound arguments (see
+docs/configuration.md, "Singleton"), holding the new task id for ``singleton_ttl``; the worker
+takes that same lock over (``token|id|queued`` becomes ``token|id|host:pid``) and releases it
+when the run ends. A publish by name takes no publish-time lock; the worker still runs one copy.
 """
 
 from __future__ import annotations
@@ -46,9 +25,8 @@ __all__ = [
 
 logger = logging.getLogger("celery_redlock.singleton")
 
-#: The header naming the key a run's next copy (a retry, a re-queue) takes over:
-#: the one its run handed back, whatever the copy's own arguments render
-#: (``self.retry(args=...)``), so that the call keeps one key to its end.
+#: Header naming the key a run's next copy (a retry, a re-queue) takes over, whatever its
+#: own arguments render (``self.retry(args=...)``): one key to the call's end.
 KEY_HEADER = "redlock_singleton"
 
 
@@ -66,10 +44,7 @@ def task_id_of(value: str | None) -> str | None:
 
 
 def seconds_held(redlock: Redlock, name: str, task_id: str) -> float:
-    """Seconds lock ``name`` still holds for ``task_id`` on a majority of nodes (``0.0``: not).
-
-    Unless renewed. One look at every node (:meth:`Redlock.inspect`).
-    """
+    """Seconds lock ``name`` still holds for ``task_id`` on a majority, unless renewed (or 0.0)."""
     left = sorted(
         (
             entry[1]

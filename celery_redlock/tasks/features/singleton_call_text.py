@@ -1,19 +1,8 @@
 """A singleton's call as short text, stored beside its lock for ``celery redlock locks``.
 
-When a publish takes a singleton lock, the call (``(42, 'full', force=True)``,
-shortened to :data:`~celery_redlock._layout.PREVIEW_CHARS`) is written to
-the lock's ``:args`` key on every lock node, with the ttl the lock was
-written with, so that an operator can see what a queued or running
-singleton is about. It is written after the lock and deleted with it, in the
-same script call and only where the caller still held the lock: when the
-holder frees it (``release.lua``: the run ended, the publish failed), when a
-``"queued"``-mode copy frees its ``:queued`` lock as it starts, and when the
-worker frees a dead run's locks by their owner (``release_owner.lua``). No
-key is left per call once its run is over, at no extra round trip. Writing
-is best effort: a node that does not answer only lacks the text; one that
-misses the release keeps it until its ttl. Arguments Celery
-would hide hide here too: ``apply_async(..., argsrepr=..., kwargsrepr=...)``
-are used in place of the arguments, as in Celery's own logs and events.
+Written to the lock's ``:args`` key after the lock, best effort, with its ttl; deleted with the
+lock by the release scripts, so no key outlives its run at no extra round trip. Celery's
+``argsrepr``/``kwargsrepr`` replace the arguments, as in Celery's own logs.
 """
 
 from __future__ import annotations
@@ -44,11 +33,7 @@ def call_text(
     kwargs: Mapping[str, Any],
     options: Mapping[str, Any] | None = None,
 ) -> str:
-    """``(42, 'x', flag=True)``, each value shortened, at most ``PREVIEW_CHARS`` long.
-
-    ``options`` are the publish options: Celery's ``argsrepr`` and
-    ``kwargsrepr``, when given, replace the arguments' own text.
-    """
+    """``(42, 'x', flag=True)``, each value shortened, at most ``PREVIEW_CHARS`` long."""
     options = options or {}
     argsrepr, kwargsrepr = options.get("argsrepr"), options.get("kwargsrepr")
     parts = []
