@@ -1,11 +1,6 @@
 """The admin API: held locks, forced release, rate-limit state and node health, as data.
 
-What ``celery redlock`` shows, without a terminal: every call returns
-dataclasses (each with ``as_dict()`` for JSON) and raises
-:class:`~celery_redlock.errors.ConfigurationError` for bad settings. The
-command line (:mod:`celery_redlock.cli.commands`) only renders them.
-
-Example::
+Every call returns dataclasses (``as_dict()`` for JSON); the command line only renders them::
 
     with Admin(app) as admin:
         for view in admin.locks("sync-user:*").locks:
@@ -64,9 +59,8 @@ class Admin:
 
     Args:
         app: the Celery app whose ``redlock_*`` settings name the nodes.
-        timeout: longest wait for one node, seconds. It replaces
-            ``redlock_node_timeout`` for inspection, so that a merely busy
-            node is not reported down.
+        timeout: longest wait for one node, seconds; replaces ``redlock_node_timeout`` so a
+            merely busy node is not reported down.
     """
 
     def __init__(self, app: Any, *, timeout: float = 1.0) -> None:
@@ -93,8 +87,7 @@ class Admin:
     def limiter(self) -> tuple[RateLimiter, OpenNode]:
         """The app's rate limiter and a plain connection to the same Redis (close it)."""
         settings = self.settings
-        # An admin reads what is there: never an unchecked answer from a limiter
-        # told to fail open.
+        # Never an unchecked answer from a limiter told to fail open.
         limiter = settings.make_limiter(node_timeout=self.timeout, on_unavailable="raise")
         self._opened.append(limiter)
         option = "redlock_rate_limit_url" if settings.rate_limit_url else "redlock_nodes"
@@ -129,11 +122,7 @@ class Admin:
         return [view for view in self.locks().locks if view.task_id == task_id]
 
     def release_task(self, task_id: str, views: list[LockView] | None = None) -> list[OwnerRelease]:
-        """Free every lock task ``task_id`` holds, if it still does, and wake their waiters.
-
-        ``views`` are the locks to consider (default: :meth:`held_by`); a lock
-        that changed hands since is left alone.
-        """
+        """Free every lock task ``task_id`` still holds (of ``views``) and wake their waiters."""
         if views is None:
             views = self.held_by(task_id)
         return release_owned(self.redlock, task_id, views)
@@ -142,10 +131,6 @@ class Admin:
         self, name: str, key: str | None = None
     ) -> tuple[list[TaskRateLimit], list[LimitUse]]:
         """Task ``name``'s limits, and their use on ``key`` or on every key they counted.
-
-        Without ``key``: each limit's one key when its key has no fields,
-        else every key its template renders that has state (a key a function
-        names is shown only when given). Nothing is counted.
 
         Raises:
             LookupError: no such task, no limit, or ``key`` is none of its limits' keys.
@@ -169,9 +154,7 @@ class Admin:
     ) -> RateView:
         """Rate-limit ``key``: each limit on it with its use now, its override, its state.
 
-        The limit is ``rate`` (or ``limit`` per ``period`` seconds) if given,
-        else the app's tasks' own limits on ``key``, else its override.
-        Nothing is counted.
+        The limit is ``rate`` (or ``limit`` per ``period``), else the tasks' limits on ``key``.
         """
         if rate is None and limit is not None and period is not None:
             rate = Rate(limit, float(period))

@@ -1,9 +1,7 @@
 """``check``: the settings and every node, judged by rules that return findings as data.
 
-Each rule takes what was measured (settings, :class:`NodeHealth` of every
-node, the app) and returns :class:`Finding` objects; nothing here prints.
-An ``error`` makes ``celery redlock check`` exit 2, a warning or note does
-not; too few nodes answering makes it exit 1.
+Nothing here prints. An ``error`` makes ``celery redlock check`` exit 2; too few nodes
+answering, exit 1.
 """
 
 from __future__ import annotations
@@ -197,12 +195,7 @@ def settings_findings(settings: Settings) -> list[Finding]:
 
 
 def task_findings(app: Any, settings: Settings) -> list[Finding]:
-    """Problems in ``redlock_tasks`` and in the app's tasks, found without changing any task.
-
-    Each task's options are checked against the settings the way a worker
-    checks them at start-up; an entry whose task the app's modules do not
-    register is a warning, as at worker start-up.
-    """
+    """Problems in ``redlock_tasks`` and the app's tasks, judged as a worker start-up does."""
     problems: list[str] = []
 
     def said(exc: ConfigurationError) -> str:

@@ -32,23 +32,20 @@ class LockView:
 
     name: str
     key: str
-    #: A majority of nodes hold the same value; ``None`` when the nodes that
-    #: did not answer could tip it either way.
+    #: A majority of nodes hold the same value; ``None``: the silent nodes could tip it.
     held: bool | None
     value: str | None
     task_id: str | None
     worker: str | None
     #: Seconds until fewer than a majority of nodes hold the value.
     ttl: float
-    #: The key's fencing counter, the largest over the nodes: the holder's
-    #: token, or more when attempts that did not win also counted.
+    #: The key's fencing counter, largest over the nodes (losing attempts may count too).
     fencing_token: int | None
     agree: int
     total: int
     #: Per node: ``holds``, ``absent``, ``other`` (another value) or ``unreachable``.
     nodes: list[dict[str, Any]]
-    #: A singleton's call as published (``(42, force=True)``), when its
-    #: publisher stored it; ``None`` for other locks.
+    #: A singleton's call as published (``(42, force=True)``); ``None`` for other locks.
     args: str | None = None
 
     def agreement(self) -> str:
@@ -166,11 +163,7 @@ def list_locks(redlock: Redlock, pattern: str = "*") -> LockListing:
 
 
 def _owner(value: str | None) -> tuple[str | None, str | None]:
-    """``(task_id, worker)`` from a lock value ``token|task_id|host:pid``.
-
-    A value written with a free-text owner (``token|owner``) gives the owner
-    as the task column; a bare token gives nothing.
-    """
+    """``(task_id, worker)`` from a lock value; a free-text owner shows as the task id."""
     parsed = LockValue.parse(value)
     if parsed is None:
         return None, None
@@ -226,11 +219,7 @@ def describe(
     fencing_token: int | None = None,
     previews: Sequence[ArgsPreview] | None = None,
 ) -> LockView | None:
-    """A :class:`LockView` of ``name``, or ``None`` when no node that answered holds it.
-
-    ``fencing_token`` and ``previews`` (the stored call texts) are read here
-    unless the caller read them for many names at once.
-    """
+    """A :class:`LockView` of ``name``, or ``None`` when no node that answered holds it."""
     found = redlock.inspect(name)
     # Each entry is (value, ttl) from a node that answered, or its failure.
     values = Counter(
@@ -280,8 +269,7 @@ def describe(
 def force_release(redlock: Redlock, name: str) -> ReleaseOutcome:
     """Delete lock ``name`` on every node, whoever holds it, and wake its waiters.
 
-    The holder is not told. The fencing counter is kept, so the next holder
-    still gets a larger token.
+    The holder is not told; the fencing counter stays, so the next token is still larger.
     """
     keys = redlock.keys(name)
     key, channel = keys.lock, keys.released
@@ -319,11 +307,8 @@ class OwnerRelease:
 def release_owned(redlock: Redlock, task_id: str, views: Sequence[LockView]) -> list[OwnerRelease]:
     """Free every lock of ``views`` held by ``task_id``, on every node, if it still is.
 
-    A lock that changed hands since ``views`` were read is left alone: the
-    delete compares the exact owner (task id and where it runs, or
-    ``queued``) on each node (``Redlock.release_owner``), so a re-delivered
-    copy of the task that took the lock since is not freed. Waiters are
-    woken as by a release.
+    The delete compares the exact owner, so a lock that changed hands since (even to a
+    re-delivered copy) is left alone.
     """
     released = []
     for view in views:

@@ -1,9 +1,6 @@
 """The admin API's only reach into how nodes are connected.
 
-Inspection needs plain commands (``SCAN``, ``GET``, ``INFO``, pipelines) on
-each lock node and on the rate-limit Redis, with the command's own timeout.
-They go through the ``redis.Redis`` client each node carries; this module is
-the one place that knows where to find it.
+Inspection sends plain commands (``SCAN``, ``INFO``...) through each node's ``redis.Redis``.
 """
 
 from __future__ import annotations

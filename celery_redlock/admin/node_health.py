@@ -1,8 +1,4 @@
-"""Node health as data.
-
-A quick PING of every node at once (:func:`ping`), or one node's PING, TIME,
-INFO and ``CONFIG GET save`` (:func:`probe`).
-"""
+"""Node health as data: a quick :func:`ping` of every node, or a full :func:`probe` of one."""
 
 from __future__ import annotations
 
@@ -41,10 +37,7 @@ class NodeHealth:
 
 
 def ping(redlock: Redlock) -> list[NodeHealth]:
-    """PING every node of ``redlock`` at once, waiting at most its node timeout.
-
-    Only ``node``, ``ok`` and ``error`` are filled in.
-    """
+    """PING every node at once, within the node timeout (``node``, ``ok``, ``error`` only)."""
     nodes = redlock.nodes
     results = fan_out(nodes, [[Command(("PING",))]] * len(nodes), redlock.node_timeout)
     found = []

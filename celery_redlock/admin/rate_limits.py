@@ -1,17 +1,7 @@
 """Rate limits as data: each limit's rate in force and its use now, its state, overrides.
 
-A limit's use is read with the limiter's own ``peek`` (one script call,
-nothing counted), so it is exactly what the next run would see: the rate
-in force (an override's, if one is set), the units taken in the current
-window, what remains and when the next unit frees. Where the rate comes
-from, in order: the one the caller gives; the app's tasks whose limit has
-that key (a key template without fields, or the task name); an override on
-the key. With none of them, only which algorithms hold state for the key is
-known.
-
-:func:`task_uses` reads the limits one task declares
-(:mod:`.task_rate_limits`) on every key it has counted, a key template's
-keys found by :func:`matching_keys`.
+Use is read with the limiter's own ``peek`` (nothing counted), so it is what the next run would
+see. The rate comes from the caller, else the app's tasks limiting that key, else an override.
 """
 
 from __future__ import annotations
@@ -136,13 +126,9 @@ def task_uses(
     declared: Sequence[TaskRateLimit],
     key: str | None = None,
 ) -> list[LimitUse]:
-    """One task's limits (``declared``) on each key they counted, and their use now.
+    """One task's limits (``declared``) on each key they counted (or ``key``), and their use.
 
-    A limit's keys: its one key when fixed, else every key its template
-    renders that has state; only ``key`` when given. A limit whose key a
-    function names has no known keys: it shows only for a ``key`` given. A
-    callable rate is read for each key, as a run would read it. Nothing is
-    counted.
+    A limit keyed by a function has no known keys: it shows only for a given ``key``.
 
     Raises:
         LookupError: ``key`` is no key of any of the limits.
@@ -258,9 +244,6 @@ def rate_view(
     declared: Sequence[TaskRateLimit] = (),
 ) -> RateView:
     """Everything known about rate-limit ``key``; counts nothing.
-
-    ``rate`` (with ``algorithm``) is a limit to peek at; without it, the
-    ``declared`` task limits on ``key``; without those, its override.
 
     Raises:
         RateLimiterUnavailable: the Redis did not answer.

@@ -22,8 +22,7 @@ class SlotHolder:
     value: str
     task_id: str | None
     worker: str | None
-    #: Seconds until fewer than a majority of nodes hold it (or until it
-    #: expires on the node holding it longest, when no majority does).
+    #: Seconds until fewer than a majority hold it (no majority: its longest ttl on a node).
     ttl: float
     #: Nodes holding this value in this slot.
     agree: int

@@ -1,19 +1,8 @@
 """A worker's start-up: the bootstep that checks the settings, and what it says about them.
 
-:class:`RedlockStartupCheck` is added by name by ``setup(app)`` and every
-``LockedTask``. Once per worker, in its main process, it logs on the
-``celery_redlock.startup`` logger:
-
-- INFO ``celery_redlock: 3 lock nodes, quorum 2: redis://r1:6379/0 ok, ...``,
-  or the same at WARNING when a node does not answer, with ``quorum NOT
-  reachable`` and what that means for tasks when fewer than a majority do;
-- WARNING for each ``app.conf`` name that looks meant for celery_redlock but
-  is never read (:func:`celery_redlock.tasks.settings.unknown_settings`);
-- WARNING when the locks fall back to ``redis://localhost:6379/0`` because
-  ``redlock_nodes`` is unset and the broker is not Redis;
-- WARNING for each ``redlock_tasks`` entry whose task no module registered.
-
-Nothing here stops the worker: bad values do, earlier, in the bootstep.
+Once per worker, on ``celery_redlock.startup``: the nodes and whether a quorum answers, unread
+``redlock_*`` names, a fallback to the default node, unregistered ``redlock_tasks`` entries.
+The report never stops the worker; bad values do, earlier, in the bootstep.
 """
 
 from __future__ import annotations
@@ -37,17 +26,12 @@ __all__ = ["PROBE_TIMEOUT", "RedlockStartupCheck", "nodes_line", "notices", "rep
 
 logger = logging.getLogger("celery_redlock.startup")
 
-#: Longest wait for a node's PING at start-up, seconds: long enough for a first
-#: connection (TLS included), short enough not to hold the worker up.
+#: Longest wait for a node's PING at start-up, seconds: enough for a first TLS connection.
 PROBE_TIMEOUT = 1.0
 
 
 def notices(app: Any, missing_tasks: Sequence[str] = ()) -> list[str]:
-    """The warnings about the app's configuration, without contacting any node.
-
-    Those of ``celery redlock check`` (:func:`.check.conf_findings`), and each
-    ``redlock_tasks`` entry in ``missing_tasks`` whose task no module registered.
-    """
+    """The warnings about the app's configuration, without contacting any node."""
     found = [finding.message for finding in conf_findings(app.conf)]
     registered = list(app.tasks) if missing_tasks else []
     return found + [unknown_task(name, registered) for name in missing_tasks]
@@ -86,13 +70,7 @@ def nodes_line(admin: Admin) -> tuple[int, str]:
 class RedlockStartupCheck(bootsteps.Step):  # type: ignore[misc]
     """Worker bootstep: refuse to start with bad settings; connect the cleanup; report.
 
-    Checks the ``redlock_*`` settings (node URLs and timeouts), applies
-    ``redlock_tasks`` and resolves every task's options against the
-    settings (a lock ttl too short for ``redlock_node_timeout`` is refused
-    here, once, not at each run). Then logs what the worker runs with
-    (:func:`report`): the nodes and whether a quorum answers, unknown
-    ``redlock_*`` settings, a fallback to the default node, and
-    ``redlock_tasks`` entries whose task is still unknown.
+    Every task's options are resolved here, so a bad ttl is refused once, not at each run.
     """
 
     name = "celery_redlock startup check"

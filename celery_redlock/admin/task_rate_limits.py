@@ -1,9 +1,6 @@
 """The rate limits an app's tasks declare, and which keys each may count on.
 
-Read from the app alone (its tasks' options and ``redlock_tasks``), nothing
-from Redis: :func:`task_limits` lists them (of one task, given its name),
-each a :class:`TaskRateLimit` with its key or the glob of the keys its
-template renders. Their use now is :mod:`.rate_limits`'.
+Read from the app alone, nothing from Redis; their use now is :mod:`.rate_limits`'.
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ class TaskRateLimit:
     fixed_key: bool
     #: The rate, or ``None`` for a callable rate.
     parsed: Rate | None = None
-    #: A Redis glob matching every key the limit counts on; ``None`` when a
-    #: function names the key.
+    #: A Redis glob matching every key the limit counts on; ``None`` for a key function.
     glob: str | None = None
     #: The rate as the task gives it: a :class:`Rate`, or a callable rate.
     source: Rate | DynamicRate | None = dataclasses.field(default=None, compare=False)
@@ -65,10 +61,7 @@ class TaskRateLimit:
 
 
 def task_limits(app: Any, settings: Settings, task: str | None = None) -> list[TaskRateLimit]:
-    """Every limit the app's tasks declare, ``redlock_tasks`` entries included.
-
-    With ``task``, the limits of that task only. The app's task modules are
-    imported first, as a worker does.
+    """Every limit the app's tasks (or task ``task``) declare, ``redlock_tasks`` included.
 
     Raises:
         LookupError: the app has no task ``task``, or it has no limit.
