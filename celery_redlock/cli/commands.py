@@ -12,14 +12,9 @@ command line and hands it the app named by ``-A``::
     celery -A proj redlock limits api:acme --set 10/s --ttl 1h   # override, every worker
     celery -A proj redlock check                 # nodes, quorum, clocks, settings
 
-Every command prints a table by default and JSON with its own ``--json``
-flag. Exit status: 0 on success, 1 when too few nodes answered (or a prompt
-was declined), 2 for bad ``redlock_*`` settings.
-
-This module holds the group and the lock commands (``locks``, ``release``,
-``check``); the ``limits`` command is :mod:`.limits_command`, and what they
-share (session, exit statuses, tables) is :mod:`.session`. Each only
-renders what :class:`~celery_redlock.admin.Admin` returns as data.
+The group and the lock commands; ``limits`` is :mod:`.limits_command`, shared parts
+:mod:`.session`. Each only renders what :class:`~celery_redlock.admin.Admin` returns. The
+command docstrings are the ``--help`` text.
 """
 
 from __future__ import annotations
@@ -40,8 +35,7 @@ __all__ = ["redlock"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-# Celery's helper that delivers preload options (``user_preload_options``)
-# once, for any Celery version; typed here because Celery is not.
+# Delivers preload options once, for any Celery version; typed here because Celery is not.
 _handle_preload_options: Callable[[_F], _F] = handle_preload_options
 
 #: Locks listed before asking to release many.
@@ -65,8 +59,7 @@ def redlock(ctx: click.Context, /, timeout: float, **preload: Any) -> None:
     machine-readable output. Exit status: 0 fine, 1 too few nodes answered
     or a prompt was declined, 2 bad redlock_* settings.
     """
-    # ``preload`` holds the app's preload options, which Celery adds to every
-    # top-level command; handle_preload_options has delivered them already.
+    # ``preload``: options Celery adds to every command, already delivered by the helper.
     app = getattr(ctx.obj, "app", None)
     if app is None:
         raise click.UsageError("run it through Celery: celery -A proj redlock ...")

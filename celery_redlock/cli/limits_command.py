@@ -1,8 +1,4 @@
-"""``celery redlock limits``: rate limits and their use now, and overrides, from a shell.
-
-The command of :mod:`.commands` that reads and changes rate limits through
-:class:`~celery_redlock.admin.Admin`; it prints a table, or JSON with ``--json``.
-"""
+"""``celery redlock limits``: rate limits and their use now, and overrides, from a shell."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""What the ``celery redlock`` commands share: the session, exit statuses, output.
-
-A :class:`Session` holds the :class:`~celery_redlock.admin.Admin` the
-commands ask; bad settings become :class:`BadConfiguration` (exit status 2).
-:func:`table` and :func:`duration` write what the commands print.
-"""
+"""What the ``celery redlock`` commands share: the session, exit statuses, output."""
 
 from __future__ import annotations
 
@@ -44,10 +39,7 @@ class BadConfiguration(click.ClickException):
 
 
 class Session:
-    """What the subcommands share: an :class:`Admin` for the app, and colours.
-
-    Bad settings become :class:`BadConfiguration` (exit status 2).
-    """
+    """What the subcommands share: an :class:`Admin` for the app, and colours."""
 
     def __init__(self, cli: Any, app: Any, timeout: float) -> None:
         self.cli = cli
