@@ -11,9 +11,7 @@ Example::
     with redlock.lock("invoice:42", ttl=30.0) as lock:
         ...
 
-Each public name is imported when first used: ``from celery_redlock import
-Redlock`` loads no Celery, and a process that only publishes loads no worker
-module.
+Public names are imported on first use: ``from celery_redlock import Redlock`` loads no Celery.
 """
 
 from __future__ import annotations

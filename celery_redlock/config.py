@@ -1,7 +1,4 @@
-"""Settings and per-app state, by their documented path.
-
-They live in :mod:`celery_redlock.tasks.settings` and :mod:`celery_redlock.tasks.app_state`.
-"""
+"""Settings and per-app state by their documented path (:mod:`.tasks.settings`, ``app_state``)."""
 
 from celery_redlock.tasks import app_state, settings
 from celery_redlock.tasks.app_state import *  # noqa: F403

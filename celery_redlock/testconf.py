@@ -1,7 +1,4 @@
-"""An app's ``redlock_*`` settings for a test, by their documented path.
-
-They live in :mod:`celery_redlock.testing.temporary_settings`.
-"""
+"""``redlock_settings`` by its documented path; it lives in :mod:`.testing.temporary_settings`."""
 
 from celery_redlock.testing.temporary_settings import *  # noqa: F403
 from celery_redlock.testing.temporary_settings import __all__ as __all__
