@@ -1,22 +1,14 @@
 """Structured log lines for lock events, on the ``celery_redlock.events`` logger.
 
-Each of :mod:`celery_redlock.signals` becomes one log record whose message
-reads well as plain text and whose ``extra`` fields (``event``, ``task_name``,
-``task_id``, ``key`` and the signal's own values) a JSON formatter can emit as
-they are::
+Each signal becomes one record, readable as text, with ``extra`` fields for a JSON formatter::
 
     from celery_redlock.contrib.eventlog import install_logging
 
     install_logging()
     # INFO celery_redlock.events: lock_busy task=crm.sync key='crm' action=retry waited=0.000
 
-Levels: ``lock_acquired``, ``lock_released``, ``slot_acquired`` and
-``slot_released`` at DEBUG (one per run), so are ``debounce_published`` and
-``debounce_superseded`` (one per publish), ``lock_busy``, ``slot_busy``,
-``rate_limited``, ``rate_adapted`` and ``duplicate_suppressed`` at INFO,
-``rate_paused`` at WARNING (the service behind a limit refused a call),
-``lock_lost`` at WARNING. Receivers are connected by :func:`install_logging`,
-never at import time.
+Per-run and per-publish events log at DEBUG, refusals at INFO, ``rate_paused`` and
+``lock_lost`` at WARNING. Nothing connects at import time.
 """
 
 from __future__ import annotations
@@ -29,8 +21,7 @@ from .. import signals
 
 __all__ = ["EVENT_FIELDS", "EventLogger", "install_logging", "task_name_of"]
 
-#: The ``extra`` fields each event carries besides ``event``, ``task_name``,
-#: ``task_id`` and ``key``.
+#: Each event's ``extra`` fields besides ``event``, ``task_name``, ``task_id`` and ``key``.
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "lock_acquired": ("waited", "fencing_token"),
     "lock_released": ("held",),
@@ -125,10 +116,8 @@ class EventLogger:
 
 
 def install_logging(logger: logging.Logger | None = None) -> EventLogger:
-    """Log every lock event on ``logger`` (default ``celery_redlock.events``).
+    """Log every lock event on ``logger`` (default ``celery_redlock.events``); once per process.
 
-    Call it once per process that runs or publishes tasks, e.g. from Celery's
-    ``worker_init`` signal. Returns the :class:`EventLogger`, whose
-    ``disconnect()`` stops it.
+    Returns the :class:`EventLogger`, whose ``disconnect()`` stops it.
     """
     return EventLogger(logger or logging.getLogger("celery_redlock.events")).connect()

@@ -7,47 +7,24 @@ loads (``celery -A proj worker``), beside the app::
 
     prometheus.serve_worker(app, port=9808)
 
-The worker's main process then serves ``/metrics`` on that port, counting the
-events of every pool process: prefork children included (see
-:func:`serve_worker`). In a process that only publishes (a web server),
-``prometheus.install()`` counts into ``prometheus_client.REGISTRY`` for the
-exporter it already has.
+The worker's main process serves ``/metrics`` with the counts of every pool process; a process
+that only publishes calls ``prometheus.install()``. Each metric is labelled ``task`` and
+otherwise only from small fixed sets, so lock keys never become label values:
 
-Metrics, each labelled with the task's name (``task``) and otherwise only
-with labels from small fixed sets, so lock keys never become label values:
-
-* ``celery_redlock_lock_wait_seconds`` (histogram): from asking for a task's
-  lock to holding it; its ``_count`` is the number of acquisitions.
-* ``celery_redlock_lock_held_seconds`` (histogram): how long a lock was held,
-  observed when it is released.
-* ``celery_redlock_lock_busy_total`` (counter, ``action``: ``retry``,
-  ``skip``, ``raise``, ``twin``): runs that found their lock held by another.
-* ``celery_redlock_locks_lost_total`` (counter, ``reason``: the signal's
-  ``code``, one of ``stalled``, ``renewal_failed``, ``expired``,
-  ``lost_at_release``; see :data:`celery_redlock.signals.LOCK_LOST_CODES`):
-  locks lost while the task ran.
-* ``celery_redlock_rate_limited_total`` (counter, ``action``: ``retry``,
-  ``skip``, ``raise``, ``skip-publish``): runs or beat publishes refused by a
-  global rate limit.
-* ``celery_redlock_rate_backoff_total`` (counter, ``change``: ``pause``,
-  ``decrease``, ``increase``): refusals reported by runs (``self.rate_limited()``),
-  each a pause, and changes of an adaptive rate in force (an increase counted once).
-* ``celery_redlock_duplicates_suppressed_total`` (counter, ``where``:
-  ``publish``, ``worker``, ``beat``): singleton copies not queued or not run.
-* ``celery_redlock_slot_wait_seconds`` (histogram): from asking for a slot of
-  a task's ``concurrency_limit`` to holding one; its ``_count`` is the number
-  of slots taken.
-* ``celery_redlock_slot_held_seconds`` (histogram): how long a slot was held.
-* ``celery_redlock_slot_busy_total`` (counter, ``action``: ``retry``,
-  ``skip``, ``raise``): runs that found every slot taken for ``lock_timeout``.
-* ``celery_redlock_debounce_published_total`` (counter, ``recorded``:
-  ``true``, ``false``): debounced publishes, each its key's latest copy when
-  sent; ``false`` when the debounce store did not answer.
-* ``celery_redlock_debounce_superseded_total`` (counter): debounced copies
-  that did not run because a later publish of their key replaced them. The
-  published count minus the superseded count is the runs debouncing let
+* ``celery_redlock_lock_wait_seconds``, ``celery_redlock_slot_wait_seconds`` (histograms):
+  from asking for a lock (a ``concurrency_limit`` slot) to holding it; ``_count``: acquisitions.
+* ``celery_redlock_lock_held_seconds``, ``celery_redlock_slot_held_seconds`` (histograms).
+* ``celery_redlock_lock_busy_total``, ``celery_redlock_slot_busy_total`` (``action``: ``retry``,
+  ``skip``, ``raise``; locks also ``twin``, ``follow-up``).
+* ``celery_redlock_locks_lost_total`` (``reason``: the signal's ``code``: ``stalled``,
+  ``renewal_failed``, ``expired``, ``lost_at_release``): locks lost while the task ran.
+* ``celery_redlock_rate_limited_total`` (``action``: ``retry``, ``skip``, ``raise``,
+  ``skip-publish``): runs or beat publishes refused by a global rate limit.
+* ``celery_redlock_rate_backoff_total`` (``change``: ``pause``, ``decrease``, ``increase``).
+* ``celery_redlock_duplicates_suppressed_total`` (``where``: ``publish``, ``worker``, ``beat``).
+* ``celery_redlock_debounce_published_total`` (``recorded``: ``false`` when the store did not
+  answer) and ``celery_redlock_debounce_superseded_total``: their difference is the runs let
   through.
-
 """
 
 from __future__ import annotations
@@ -92,8 +69,7 @@ __all__ = [
 #: The directory of prometheus_client's multiprocess mode.
 MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
-#: Buckets for the wait before a lock is held, seconds: most acquisitions take
-#: a round trip (about a millisecond); waiting for a holder can take minutes.
+#: Wait buckets, seconds: most acquisitions take a round trip; waiting for a holder, minutes.
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                 30.0, 60.0, 300.0)  # fmt: skip
 #: Buckets for the time a lock is held, seconds: a task's run time.
@@ -102,11 +78,7 @@ HELD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300
 
 
 def reason_label(reason: Any) -> str:
-    """Map a ``lock_lost`` reason (free text) sent without a ``code`` onto a label.
-
-    celery_redlock always sends a code; this serves senders of your own: one of
-    :data:`celery_redlock.signals.LOCK_LOST_CODES`, or ``other``.
-    """
+    """Map a ``lock_lost`` reason sent without a ``code`` (by your own senders) onto a label."""
     text = str(reason or "").lower()
     if text.startswith("no progress"):
         return "stalled"
@@ -118,11 +90,7 @@ def reason_label(reason: Any) -> str:
 
 
 class RedlockMetrics:
-    """The metrics of one registry and the signal receivers that feed them.
-
-    Built by :func:`install`; :meth:`disconnect` stops the updates (the
-    metrics stay in the registry).
-    """
+    """The metrics of one registry and the signal receivers that feed them (:func:`install`)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -308,11 +276,7 @@ def install(
 ) -> RedlockMetrics:
     """Count celery_redlock's signals into ``registry`` (default: prometheus_client's).
 
-    Safe to call again: the same registry gets the same metrics. With
-    ``log_events``, also log each event on ``celery_redlock.events`` (see
-    :func:`celery_redlock.contrib.eventlog.install_logging`).
-
-    Example::
+    Safe to call again. ``log_events`` also logs each event (:mod:`.eventlog`)::
 
         registry = CollectorRegistry()
         metrics = prometheus.install(registry)
@@ -337,16 +301,10 @@ def serve_worker(
 ) -> None:
     """Serve the metrics of ``app``'s worker on ``port``, from every pool process.
 
-    Call it where the worker loads the app. When a worker of ``app`` starts,
-    its main process switches prometheus_client to multiprocess mode, calls
-    :func:`install` and serves ``/metrics`` from a ``MultiProcessCollector``,
-    so the counts of every prefork child (and of the threads, solo and gevent
-    pools, which run in the main process) add up there; a child that exits is
-    marked dead. The directory is ``PROMETHEUS_MULTIPROC_DIR`` when it is set
-    in the worker's environment (one directory per worker: files of earlier
-    runs in it are removed), else a temporary one, removed at shutdown. Set
-    it yourself only to collect metrics of your own from the worker too, and
-    then before anything imports prometheus_client.
+    Call it where the worker loads the app. The main process switches prometheus_client to
+    multiprocess mode, so prefork children's counts add up. The directory is
+    ``PROMETHEUS_MULTIPROC_DIR`` if set (emptied first; set it before anything imports
+    prometheus_client), else a temporary one removed at shutdown.
     """
 
     def start(sender: Any = None, **_: Any) -> None:
@@ -380,9 +338,7 @@ def _multiprocess_mode() -> str:
         directory = tempfile.mkdtemp(prefix="celery_redlock-metrics-")
         _own_directory.append(directory)
         os.environ[MULTIPROC_DIR] = directory
-    # prometheus_client picks its value class when imported, from the
-    # environment; metrics made from now on (ours: at their first count) use
-    # the multiprocess one.
+    # prometheus_client picks its value class at import; switch it for metrics made from now on.
     if not getattr(values.ValueClass, "_multiprocess", False):
         values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
     return directory
