@@ -1,9 +1,7 @@
 """The demo's Celery app and tasks; workers load it with ``-A celery_redlock.demo.tasks``.
 
-Configured from the environment (``DEMO_BROKER``, ``DEMO_NODES`` comma
-separated, ``DEMO_WITNESS``), so the demo's worker processes and the demo
-itself build the same app. Tasks record what they do on the witness node, a
-Redis outside the lock nodes, so the demo can check for overlaps.
+Configured from ``DEMO_BROKER``, ``DEMO_NODES`` and ``DEMO_WITNESS`` so workers and demo build one
+app. Tasks record what they do on the witness, a Redis apart from the lock nodes.
 """
 
 from __future__ import annotations
@@ -39,8 +37,7 @@ def create_app(broker: str, nodes: list[str], witness_url: str) -> Celery:
         name="demo.sync_account",
         shared=False,
         lock_key="account:{account_id}",
-        # Waits in the worker for the account's lock, to show the hand-off (a waiter
-        # wakes as the holder releases); the default re-queues a busy run instead.
+        # Waits for the account's lock, to show the hand-off (default: re-queue when busy).
         lock_timeout=60,
         lock_ttl=5,
     )
