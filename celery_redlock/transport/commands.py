@@ -1,16 +1,8 @@
-"""What a fan-out sends to a node and what it gets back.
+"""What a fan-out sends to a node (:class:`Call`, :class:`Command`) and what it gets back.
 
-:class:`Call` (a Lua script: by SHA, or with its source the first time a
-connection runs it) and :class:`Command` (a plain command)
-are what the lock and the rate limiter ask a node to run; a node's answer is
-a list of replies, one per call, or a :class:`NodeFailure` saying why there
-is none.
-
-A reply is checked against the shape its script or command promises
-(:func:`checked`, applied by the fan-out to every node's answer before
-anyone reads it): a reply of another shape, from a proxy or a server that is
-not Redis, becomes a :class:`WrongReply` in its place, the node's failure
-for that call like an error reply.
+A node answers one reply per call, or a :class:`NodeFailure`. :func:`checked` replaces a reply
+of the wrong shape (a proxy, a server that is not Redis) with a :class:`WrongReply`: that node's
+failure for the call, like an error reply.
 """
 
 from __future__ import annotations
@@ -28,13 +20,7 @@ __all__ = ["Call", "Command", "NodeFailure", "NodeResult", "NotWaitedFor", "Wron
 
 
 class NodeFailure(Exception):
-    """A node did not answer (refused, reset, timed out, unusable).
-
-    Attributes:
-        node: the node's display name.
-        cause: why, the original error (also ``__cause__``); put in words by
-            :mod:`.failure_text`.
-    """
+    """A node did not answer (refused, reset, timed out); ``cause`` is also ``__cause__``."""
 
     def __init__(self, node: str, cause: BaseException) -> None:
         super().__init__(node, cause)
@@ -46,14 +32,10 @@ class NodeFailure(Exception):
 
 
 class NotWaitedFor(NodeFailure):
-    """The fan-out did not wait for this node's answer.
+    """Not waited for: the outcome was decided without it (``enough``), or the node is suspect.
 
-    Either the caller's outcome was decided without it (``enough``), or the
-    node is *suspect*: it left an earlier command unanswered past the node
-    timeout, and is not waited for again until it answers. Its commands were
-    still sent (or queued behind the unanswered ones on the same
-    connection), in order, so they may still run there; their replies are
-    read and dropped when they come.
+    Suspect: an earlier command went unanswered past the node timeout. The commands were still
+    sent, in order, so they may still run there; their late replies are dropped.
     """
 
 
@@ -64,11 +46,8 @@ class Call:
     script: LuaScript
     keys: tuple[str, ...]
     args: tuple[str | int, ...]
-    #: Still worth running if its first send finds the script missing (a
-    #: ``SCRIPT FLUSH``) after the caller stopped waiting (a release: it only
-    #: deletes its own value).
-    #: Calls that write (acquire, extend) must not run late, so they are not
-    #: sent again once nobody waits for them.
+    #: Worth resending after a ``SCRIPT FLUSH`` though nobody waits any more (a release only
+    #: deletes its own value); writes (acquire, extend) must never run late.
     late_ok: bool = False
 
     def packed(self, *, by_sha: bool = True) -> bytes:
@@ -98,10 +77,7 @@ NodeResult = list[Any] | NodeFailure
 
 
 class WrongReply(ResponseError):
-    """A node answered a call with a reply of the wrong shape: that node's failure for the call.
-
-    A ``ResponseError``, so that it counts wherever an error reply does.
-    """
+    """A reply of the wrong shape; a ``ResponseError`` so it counts wherever an error reply does."""
 
     def __init__(self, what: str, reply: Any) -> None:
         shown = repr(reply)
@@ -182,10 +158,7 @@ def _fits(call: Call | Command, reply: Any) -> bool:
 
 
 def checked(calls: Sequence[Call | Command], replies: list[Any]) -> list[Any]:
-    """``replies``, each of the wrong shape for its call replaced by a :class:`WrongReply`.
-
-    Error replies stay as they are.
-    """
+    """``replies``, each of the wrong shape for its call replaced by a :class:`WrongReply`."""
     pairs = list(zip(calls, replies, strict=True))
     if all(isinstance(reply, ResponseError) or _fits(call, reply) for call, reply in pairs):
         return replies

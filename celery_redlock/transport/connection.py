@@ -1,19 +1,9 @@
-"""One connection to one node, owned end to end and shared by every caller.
+"""One connection to one node: a non-blocking FIFO pipeline shared by every caller.
 
-A :class:`Link` opens its socket without blocking (``connect`` returns at
-once; TLS runs over a memory BIO, so its handshake never blocks either),
-writes the login commands (``AUTH``, ``SELECT``, ``CLIENT SETNAME``) ahead of
-the first command without waiting for their answers, and from then on is a
-FIFO pipeline: commands are appended to :attr:`Link.out` in the order they
-are queued, and each reply is handed to the oldest :class:`Slot` still
-waiting for one. Any number of callers share a link; a caller that stops
-waiting leaves its slot in place, and the replies that later fill it are
-dropped, so a late reply can never be read as the answer to a later
-command.
-
-Nothing here blocks and nothing here locks: every method runs with the
-fan-out's lock held (see :mod:`.fanout`), which also decides when a socket
-is ready.
+Connect and TLS (over memory BIOs) never block; login commands are queued ahead of the first
+command without waiting. Each reply goes to the oldest waiting :class:`Slot`; a caller that
+stops waiting leaves its slot in place, so a late reply is dropped, never read as the answer to
+a later command. Every method runs under the fan-out's lock (:mod:`.fanout`).
 """
 
 from __future__ import annotations
@@ -48,7 +38,7 @@ class Target(Protocol):
     """Who gets the replies of a slot."""
 
     def deliver(self, link: Link, replies: list[Any]) -> None:
-        """All ``count`` replies arrived (error replies as exceptions)."""
+        """All ``count`` replies (error replies as exceptions)."""
 
     def fail(self, cause: BaseException) -> None:
         """The link broke before they did."""
@@ -83,16 +73,10 @@ class _Login:
 
 
 class Link:
-    """One connection to a node, a FIFO pipeline shared by every caller.
+    """One connection to a node.
 
-    Attributes:
-        out: bytes queued but not yet written to the socket.
-        pending: slots in the order their commands were written.
-        fd: the socket's file descriptor while it is open, else -1.
-        scripts: the SHA1s of the scripts whose source (``EVAL``) was queued
-            on this connection: from then on it names them by SHA
-            (``EVALSHA``), which the FIFO keeps behind that ``EVAL``. Emptied
-            when the connection closes; a new one starts with none.
+    ``scripts`` holds the SHA1s whose ``EVAL`` was queued here: later calls may use ``EVALSHA``,
+    since the FIFO keeps them behind it. Emptied on close.
     """
 
     def __init__(
@@ -118,9 +102,8 @@ class Link:
         self._handshaking = False
         self._raw_out = bytearray()
         self._addresses: list[Any] = []
-        # Set while bytes move between a buffer and the socket; if an
-        # exception (KeyboardInterrupt, GreenletExit) escapes in between,
-        # the stream may be torn and the link must be closed.
+        # Set while bytes move between buffer and socket: an exception escaping then
+        # (KeyboardInterrupt, GreenletExit) may tear the stream, so the link must close.
         self.dirty = False
 
     @property

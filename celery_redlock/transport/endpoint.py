@@ -1,11 +1,7 @@
-"""Where a node is and how to log in: parsed from a URL or a redis-py client.
+"""Where a node is and how to log in, parsed from a URL or a redis-py client.
 
-An :class:`Endpoint` holds everything the links of :mod:`.connection` need to open
-a connection themselves (address, TLS settings, credentials, database) and
-what :func:`~.nodes.make_nodes` needs to tell two spellings of one server
-apart. A ``sentinel://`` URL names a master through its Sentinels instead: it
-is read by :class:`~.sentinel.SentinelMaster`. The query options of both
-follow the rules of :mod:`.url_options`; TLS settings are :mod:`.tls`'s.
+An :class:`Endpoint` is all a :mod:`.connection` link needs to connect, and what tells two
+spellings of one server apart. ``sentinel://`` URLs are :mod:`.sentinel`'s.
 """
 
 from __future__ import annotations
@@ -204,13 +200,11 @@ class Endpoint:
 def prepare_tls(endpoints: Iterable[Endpoint]) -> None:
     """Build the TLS contexts of ``endpoints`` now, one per distinct TLS settings.
 
-    Building one loads the CA bundle (tens of milliseconds): done when the
-    nodes are made, not while a call waits for its first connections, where
-    it would eat the node timeout of every TLS node in turn.
+    Loading a CA bundle takes tens of milliseconds: done while a call waits for its first
+    connections, it would eat every TLS node's timeout in turn.
 
     Raises:
-        ConfigurationError: the settings cannot be used (a certificate or CA
-            file that does not load, an unknown cipher list...).
+        ConfigurationError: the settings cannot be used (a file that does not load, a bad cipher).
     """
     built: dict[TLSSettings, ssl.SSLContext] = {}
     for endpoint in endpoints:

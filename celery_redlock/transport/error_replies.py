@@ -1,10 +1,4 @@
-"""What an error reply from a node means: the connection is lost, or one command failed.
-
-An error about the connection itself (``NOAUTH``, ``LOADING``, ``MASTERDOWN``,
-a full server...) raises :class:`LinkBroken`: the link is closed and every
-caller waiting on it is told the node failed. Any other error is one
-command's, returned in its place as redis-py's exception class.
-"""
+"""What an error reply means: the connection is lost, or one command failed."""
 
 from __future__ import annotations
 
@@ -23,8 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 __all__ = ["LinkBroken", "error_reply"]
 
-# Error replies that say the node cannot serve this connection at all: the
-# link is closed and every caller waiting on it is told the node failed.
+# The node cannot serve this connection at all: the link closes, its waiters see a node failure.
 _NODE_ERRORS: dict[str, type[RedisError]] = {
     "NOAUTH": AuthenticationError,
     "WRONGPASS": AuthenticationError,

@@ -1,14 +1,8 @@
 """Why a node failed, in words: the one place a :class:`~.commands.NodeFailure` is read as text.
 
-:func:`detail` gives a failure's cause as it reads; :func:`reason` a few
-words of it. The one-line summaries are for log lines repeated at every
-re-queue.
-``QuorumUnavailable`` carries each failed node's full error; a worker that
-re-queues tasks while nodes are down says it once per re-queue, so it says
-it short::
+A worker logs at every re-queue while nodes are down, so :func:`summary` says it in one line::
 
-    1 of 3 lock nodes answered, 2 needed (redis://r2:6379/0: connection refused;
-    redis://r3:6379/0: no reply within the node timeout)
+    1 of 3 lock nodes answered, 2 needed (redis://r2:6379/0: connection refused; ...)
 """
 
 from __future__ import annotations
@@ -28,7 +22,7 @@ _REDIS_PY_CONNECT = re.compile(r"^Error \d+ connecting to \S+?\. (?P<why>.+?)\.?
 
 
 def detail(error: BaseException) -> str:
-    """Why a node failed, without the node's name: a failure's cause as it reads."""
+    """A failure's cause as it reads, without the node's name."""
     return str(error.cause if isinstance(error, NodeFailure) else error)
 
 

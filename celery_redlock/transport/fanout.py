@@ -1,56 +1,17 @@
 """The fan-out: every node asked at once, one deadline, no thread of its own.
 
-:func:`fan_out` queues each node's commands on that node's shared
-:class:`~.connection.Link` and waits for the replies. All the links of the
-process are read by one caller at a time, the *leader*: whichever caller is
-waiting first polls every link with one ``poll`` call (an epoll waited
-for cooperatively under eventlet, which removes ``poll``), parses what comes in
-and hands each reply to the caller it belongs to; the others sleep on an
-event until their replies are in or their deadline passes. When the leader's
-own replies are in, it hands the role to a waiting caller and returns. A
-lone caller is always its own leader, so a single thread costs one ``send``
-per node, one ``poll`` and one ``recv`` per reply, and no thread switch.
+One caller at a time, the *leader*, polls every link of the process and hands each reply to its
+caller (:mod:`.hub`); the others sleep until their replies are in or their deadline passes. A
+lone caller leads itself: one ``send`` per node, one ``poll``, no thread switch.
 
-A caller may return before a node's commands have even left the process:
-the outcome was decided while that node's link was still connecting (a
-node restarting, a first call) or its socket buffer was full. Then, with no
-other caller waiting, the *flusher* thread (started on first need, one per
-process) leads in its place until every link has written what was queued,
-or for one node timeout: a lock taken by a majority reaches the other nodes
-too, even in a process that makes no further call (but does not exit at
-once: the flusher is a daemon thread). It is not done for a node already
-suspect when the call was queued, whose connection would hold every
-caller's turn. The flusher writes; it does not wait for the replies, which
-the next caller reads.
-
-A late command runs on a node that lost its script cache too: each
-connection sends a script's source (``EVAL``) with the first call that uses
-it, and names it by SHA (``EVALSHA``) after that, the FIFO keeping those
-behind the ``EVAL``; a node restarted empty (or new) is always reached over
-a new connection. Only a ``SCRIPT FLUSH`` on a connection still open makes
-its calls fail with ``NOSCRIPT``: a part still waited for sends them again
-with their source; once nobody waits, only releases are sent again (by the
-next caller, who reads the error), since an acquisition or extension sent
-again could land after the undo queued behind it. The next call to use such
-a script sends its source again.
-
-So any number of callers (threads, gevent greenlets) share one connection
-per node, plus one more for large batches (a renewal of thousands of locks
-never queues an acquisition behind it). Connects, TLS handshakes and logins
-are part of the same poll, so they overlap across nodes: one fan-out waits
-at most about one node timeout, whatever the number of slow nodes.
-
-Two things keep a slow node from costing every operation:
-
-* ``enough``: the caller's outcome may be decided before every node has
-  answered (a majority granted); the fan-out returns at once, and the nodes
-  it did not wait for are reported as :class:`NotWaitedFor`;
-* *suspect* nodes: a node that left a command unanswered past its deadline
-  is waited for only a tenth of the node timeout, and not at all once an
-  outcome is decided, until a reply from it arrives. Its commands
-  are still queued on its connection, behind the unanswered ones, so they run
-  in the order they were sent if it comes back (an undo never overtakes the
-  write it undoes).
+Callers share one connection per node, plus a bulk one (a renewal of thousands of locks never
+queues an acquisition behind it); connects and TLS handshakes overlap in the same poll. A slow
+node costs little: the call returns once ``enough`` decides, and a *suspect* node (a command
+unanswered past its deadline) is waited for a tenth of the timeout. Its commands stay queued in
+order, so an undo never overtakes the write it undoes. Commands still unsent when a call
+returns are written by the *flusher* thread, and a script's source goes with its first call on
+each connection, so a late part also runs on a node restarted empty (docs/reliability.md,
+"Slow and paused nodes").
 """
 
 from __future__ import annotations
@@ -87,27 +48,17 @@ def fan_out(
 ) -> list[NodeResult]:
     """Run ``calls[i]`` on ``nodes[i]``, all nodes concurrently, for at most ``timeout``.
 
-    Every node's commands are written before any reply is read; one node's
-    several calls travel as one pipeline (a batch gets ``timeout`` plus
-    :data:`~.operation.PER_CALL_ALLOWANCE` per extra call). A node that has not answered
-    in time is reported as a :class:`NodeFailure`; its late replies are read
-    and dropped, never taken for the answer to a later command. Each
-    connection sends a script's source (EVAL) with its first call of it and
-    EVALSHA afterwards; a script missing from the node's cache all the same
-    (``SCRIPT FLUSH``) is sent again with EVAL, with the same allowance. A
-    ``ResponseError`` (``WRONGTYPE``,
-    ``OOM``, ``READONLY``…) is returned in place of that call's reply, and
-    so is a :class:`~.commands.WrongReply` for a reply of the wrong shape
-    (:func:`~.commands.checked`), before ``enough`` or the caller sees it.
+    A node's calls travel as one pipeline (``timeout`` plus
+    :data:`~.operation.PER_CALL_ALLOWANCE` per extra call). A node late to answer is a
+    :class:`NodeFailure`. A ``ResponseError`` or :class:`~.commands.WrongReply` replaces that
+    call's reply before ``enough`` sees it. A script lost to ``SCRIPT FLUSH`` is resent as EVAL.
 
     Args:
         nodes: the nodes to ask.
         calls: ``calls[i]`` for ``nodes[i]``; an empty list leaves that node out.
         timeout: the node timeout, seconds.
-        enough: called with the results so far (``None`` for a node still
-            awaited) each time a node's result comes in; once it returns
-            True the fan-out returns, reporting the nodes it did not wait
-            for as :class:`NotWaitedFor`.
+        enough: called with the results so far (``None``: awaited) as each comes in; once it
+            returns True the fan-out returns, the rest reported as :class:`NotWaitedFor`.
     """
     op = Op(len(nodes), timeout, enough)
     elsewhere: set[int] = set()  # nodes answered without the hub
@@ -160,10 +111,8 @@ def fan_out(
     finally:
         if locked:
             _leave(the_hub, op, leading)
-        # Every part is done: drop them, so that no cycle (op -> part -> op)
-        # is left for the garbage collector (its full passes stall a busy
-        # process for tens of milliseconds). A late reply still reaches its
-        # part through the link, and the part no longer needs the op.
+        # Break the op -> part -> op cycle: the GC's full passes stall a busy process for
+        # tens of milliseconds. A late reply still reaches its part through the link.
         op.parts = []
     if op.error is not None:
         raise op.error
@@ -180,8 +129,7 @@ def _leave(the_hub: hub.Hub, op: Op, leading: bool) -> None:
         if not op.finished:
             op.finish()  # interrupted: whatever comes later is dropped
         if leading:
-            # A node already known to be slow is not flushed for: its
-            # connection would hold every caller's turn at each call.
+            # Not for a node known slow: its connection would hold every caller's turn.
             unsent = any(
                 not part.lagging and part.link is not None and part.link.unsent for part in op.parts
             )
@@ -207,19 +155,15 @@ def _queue(the_hub: hub.Hub, op: Op, part: Part, payload: Payload, now: float) -
     sent = link.scripts
     for sha in payload.needs:
         if sha not in sent:
-            # A script this connection has not sent: its source goes with its
-            # first call (a node restarted empty is always reached over a new
-            # connection, and may answer after the caller stopped waiting).
+            # Source with the first call on this connection: a node restarted empty is always
+            # reached over a new one, and may answer after the caller stopped waiting.
             data, first_use = payload.for_link(sent), True
             break
     allowance = op.allowance(len(node_calls))
     if node.suspect:
         part.lagging = True
-        # Asked, but waited for only a moment, and not at all once the
-        # caller's outcome is decided (see Op.decide): a node still paused
-        # costs next to nothing, and one just back answers within the moment,
-        # so an outcome that needs it (two of three nodes back from a pause)
-        # still gets its answer.
+        # Waited for a moment only (not at all once decided, see Op.decide): a paused node
+        # costs next to nothing, and one just back still answers an outcome that needs it.
         allowance = min(allowance, max(SUSPECT_WAIT_MIN, allowance * SUSPECT_WAIT_SHARE))
         part.graced = True
     part.deadline = now + allowance

@@ -1,10 +1,8 @@
 """The poll loop every fan-out of the process shares, and who leads it.
 
-One :class:`Hub` per process holds every open :class:`~.connection.Link`.
-The caller that leads polls them all and hands each reply to its
-:class:`~.operation.Part`; the others follow, asleep until told. When the
-leader leaves, a follower takes over, or the flusher thread while commands
-are still unsent (see :mod:`.fanout`).
+The leader polls every :class:`~.connection.Link` and hands replies to their
+:class:`~.operation.Part`; when it leaves, a follower leads, or the flusher while commands are
+unsent (see :mod:`.fanout`).
 """
 
 from __future__ import annotations
@@ -67,8 +65,7 @@ class Hub:
         self.polling = False
         self.followers: list[Op] = []
         self.links: set[Link] = set()
-        # Every reply that had reached a socket by this time has been read:
-        # a deadline before it that is still unmet was really missed.
+        # Every reply on a socket by then has been read: an unmet deadline before it was missed.
         self.drained = 0.0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -173,11 +170,7 @@ class Hub:
         return any(link.unsent for link in self.links)
 
     def hand_off(self, flush_for: float = 0.0) -> None:
-        """The leader is leaving: make a waiting caller the leader, if any.
-
-        With none, and commands still unsent, the flusher leads for up to
-        ``flush_for`` seconds (0: not at all, as when the flusher leaves).
-        """
+        """Make a waiting caller the leader; with none, the flusher leads for ``flush_for`` s."""
         self.leading = False
         while self.followers:
             follower = self.followers.pop(0)
@@ -208,18 +201,15 @@ class Hub:
                 try:
                     self.lead(op)
                 except Exception:
-                    # The callers whose commands these were have their
-                    # outcomes; the next call meets whatever broke.
+                    # Those callers have their outcomes; the next call meets whatever broke.
                     logger.exception("celery_redlock: sending commands after their call failed")
                 finally:
                     self.hand_off()
 
     def _drain_wake(self) -> None:
-        """Empty the wake-up pipe, which ``poll`` found readable.
+        """Empty the wake-up pipe in one read: reading until ``EAGAIN`` blocks under eventlet.
 
-        One read: :meth:`wake` writes one byte per wake-up it asks for and
-        none more until this runs. (Reading until ``EAGAIN`` would block
-        under eventlet, whose ``os.read`` waits for more bytes instead.)
+        One read is enough: :meth:`wake` writes no second byte until this runs.
         """
         self._wake_pending = False
         with contextlib.suppress(BlockingIOError):
@@ -248,8 +238,7 @@ class Hub:
                 # Told, and gone without the lock (see follow).
                 self.followers = [f for f in self.followers if not f.finished]
             poller, links = self.poll_set()
-            # Wake for the first deadline of any waiting caller, so as to
-            # tell it once the sockets have been read past its deadline.
+            # Wake at the first caller's deadline, to tell it once read past it.
             first = op.next_deadline()
             for follower in self.followers:
                 first = min(first, follower.next_deadline())
@@ -270,20 +259,16 @@ class Hub:
                 follower.expire(polled)
 
     def follow(self, op: Op) -> bool | None:
-        """Sleep until ``op`` is finished or this caller must lead.
+        """Sleep until ``op`` is finished or this caller must lead (the lock held on entry).
 
-        Called with the lock held. Returns True (lead) or False (finished)
-        with the lock held, or None, without it, when the leader finished
-        ``op``: the common case, which then costs no second wait for the
-        lock the leader is likely still holding (the leader drops finished
-        callers from :attr:`followers`).
+        Returns True (lead) or False (finished) with the lock held, or None without it when the
+        leader finished ``op``: the common case skips waiting for the lock the leader still holds.
         """
         event = op.event
         assert event is not None
         lock = self.lock
         while True:
-            # The leader expires this op once it has read the sockets past
-            # its deadline; the grace is only for a leader that cannot run.
+            # The leader expires this op; the grace is for a leader that cannot run.
             wait = op.next_deadline() + _LEADER_GRACE - time.monotonic()
             lock.release()
             try:
@@ -291,9 +276,8 @@ class Hub:
             except BaseException:
                 lock.acquire()
                 raise
-            # The event is set last thing in Op.finish, or by hand_off after
-            # setting promoted; a promoted op is never finished before it
-            # wakes (only a leader reads replies, and it is the next one).
+            # Set last in Op.finish, or by hand_off after promoted; a promoted op cannot finish
+            # before it wakes (only a leader reads replies, and it is the next one).
             if told and not op.promoted:
                 return None
             lock.acquire()
@@ -308,17 +292,11 @@ class Hub:
 
 
 class _GreenPoller:
-    """``select.poll``'s interface where eventlet's monkey-patching removed ``poll``.
+    """``select.poll``'s interface where eventlet removed ``poll``: an unpatched epoll.
 
-    The descriptors go to an epoll of the unpatched ``select`` module, and
-    the green thread waits for that epoll's one descriptor with eventlet's
-    cooperative ``select``, then reads what is ready without waiting.
-    Never several descriptors to that ``select``: when two are ready at once,
-    eventlet's hub calls each one's callback, the later ones after the first
-    has returned from ``select``, switching back into the green thread
-    wherever it waits by then (a ``GreenThread.wait()`` returned while the
-    thread it waited for still ran). One poll per poller, as the hub makes
-    them: the epoll is closed after it.
+    Green ``select`` waits on the epoll's one descriptor. Never several: with two ready, eventlet
+    calls the later callbacks after ``select`` returned, switching back into the green thread
+    wherever it waits by then. One poll per poller; the epoll is closed after it.
     """
 
     def __init__(self) -> None:
@@ -337,10 +315,7 @@ class _GreenPoller:
 
 
 def _poller() -> Any:
-    """A poller for the hub: ``select.poll``, or :class:`_GreenPoller` where it is gone.
-
-    Chosen at each call: monkey-patching may happen after this module is imported.
-    """
+    """``select.poll``, or :class:`_GreenPoller`; chosen per call, as patching may come later."""
     poll = getattr(select, "poll", None)
     return _GreenPoller() if poll is None else poll()
 

@@ -1,14 +1,8 @@
 """The lock's Redis nodes: what each one is and how it is reached.
 
-A :class:`Node` is one independent Redis master. Nodes given as URLs, and
-``redis.Redis`` clients with plain TCP, TLS or unix-socket connections, are
-reached through links the fan-out owns end to end (:mod:`.connection`,
-:mod:`.fanout`): no private part of redis-py is used. Any other client
-object (``fakeredis.FakeRedis``) is reached through its own command methods
-(:mod:`.redis_py_client`). A ``sentinel://`` node is one master that Redis Sentinel
-manages: before a fan-out uses it, :meth:`Node.locate` asks the Sentinels
-where it runs when the node has no working connection or last answered
-``READONLY`` (a demoted master), and moves its links there.
+URLs and plain redis-py clients (TCP, TLS, unix) are reached over the fan-out's own links; any
+other client object (``fakeredis``) through its command methods (:mod:`.redis_py_client`). A
+``sentinel://`` node is found through its Sentinels (:meth:`Node.locate`).
 """
 
 from __future__ import annotations
@@ -56,15 +50,9 @@ logger = logging.getLogger("celery_redlock.nodes")
 class Node:
     """One independent Redis master.
 
-    Attributes:
-        name: for messages and logs (a URL without its password).
-        client: a redis-py client for the same server, with the lock's
-            timeouts (pub/sub, admin commands); the given client itself for a
-            node reached through its client.
-        suspect: the node left a command unanswered past its deadline and is
-            not waited for until it answers again.
-        sentinel: for a Sentinel-managed node, the master it stands for;
-            :attr:`endpoint` is then where that master was last found.
+    ``name`` is a URL without its password; ``suspect``: a command went unanswered past its
+    deadline, so the node is barely waited for until it answers; with ``sentinel`` set,
+    ``endpoint`` is where that master was last found.
     """
 
     def __init__(
@@ -98,11 +86,7 @@ class Node:
 
     @property
     def client(self) -> redis.Redis:
-        """A redis-py client for this node (made on first use).
-
-        For a Sentinel-managed node, a client that finds the master through
-        the Sentinels each time it connects.
-        """
+        """A redis-py client for this node, with the lock's timeouts (pub/sub, admin commands)."""
         if self._client is None:
             if self._finder is not None:
                 self._client = self._finder.client()
@@ -114,16 +98,11 @@ class Node:
     # -- Sentinel-managed nodes ---------------------------------------------------------
 
     def locate(self) -> BaseException | None:
-        """Make sure a Sentinel-managed node's links go to its master now.
+        """Point a Sentinel-managed node's links at its master; why it is unusable, or ``None``.
 
-        Asks the Sentinels when the node has no open connection yet, its
-        connection broke, or its master answered ``READONLY`` (demoted by a
-        failover). Callers that need the answer at the same time share one
-        question; after no Sentinel answered, they are not asked again for
-        :data:`RELOCATE_INTERVAL`, so unreachable Sentinels cost one node
-        timeout each once a second, not at every operation. Returns the error that makes
-        the node unusable for now, or ``None``. Called by the fan-out before
-        it takes its lock: asking the Sentinels blocks.
+        Asks when there is no open connection or the master answered ``READONLY``; concurrent
+        callers share one question, and after no Sentinel answered nobody asks again for
+        :data:`RELOCATE_INTERVAL`. Blocks: the fan-out calls it before taking its lock.
         """
         if self._finder is None:
             return None
@@ -228,12 +207,7 @@ class Node:
 
     @classmethod
     def from_client(cls, client: redis.Redis, timeout: float) -> Node:
-        """Build a node that reaches the same server as ``client``.
-
-        The client itself is left alone: the node opens its own connections
-        with the same address, credentials and TLS settings. A client whose
-        connections are not plain redis-py ones is used as it is.
-        """
+        """A node with its own connections to ``client``'s server (an unusual client: itself)."""
         pool = getattr(client, "connection_pool", None)
         kind = _PLAIN.get(getattr(pool, "connection_class", None))  # type: ignore[arg-type]
         kwargs = getattr(pool, "connection_kwargs", None)
@@ -250,24 +224,16 @@ class Node:
 
 
 def _fakeredis_without_lua(client: redis.Redis) -> bool:
-    """Whether ``client`` is fakeredis's, installed without its ``lua`` extra (lupa).
-
-    Such a client answers every script call with an unknown-command error.
-    """
+    """Whether ``client`` is fakeredis's without its ``lua`` extra: every script call fails."""
     package = type(client).__module__.partition(".")[0]
     return package == "fakeredis" and importlib.util.find_spec("lupa") is None
 
 
 def make_nodes(nodes: Sequence[str | redis.Redis], timeout: float) -> list[Node]:
-    """Turn URLs and clients into :class:`Node` objects, validating each.
-
-    TLS contexts are built here, one per distinct TLS settings (see
-    :func:`~.endpoint.prepare_tls`).
+    """Turn URLs and clients into :class:`Node` objects, validating each and building TLS now.
 
     Raises:
-        ConfigurationError: a URL is malformed or has an option the lock
-            refuses, two entries are the same server, or TLS settings
-            cannot be used.
+        ConfigurationError: a bad URL or option, two entries on one server, unusable TLS.
     """
     if isinstance(nodes, str | redis.Redis):
         nodes = [nodes]
@@ -291,11 +257,7 @@ def make_nodes(nodes: Sequence[str | redis.Redis], timeout: float) -> list[Node]
 
 
 def _refuse_twins(endpoints: list[Endpoint | SentinelMaster]) -> None:
-    """Refuse two endpoints that are one server (databases of one server included).
-
-    Two Sentinel-managed nodes are one server when they name the same master
-    and share a Sentinel.
-    """
+    """Refuse two endpoints on one server (another database, or a master sharing a Sentinel)."""
     seen: dict[tuple[str, ...], Endpoint | SentinelMaster] = {}
     masters: list[SentinelMaster] = []
     for endpoint in endpoints:

@@ -1,10 +1,4 @@
-"""One fan-out in flight: what it waits for from each node, its deadlines and its decision.
-
-An :class:`Op` is one call of :func:`~.fanout.fan_out`; each node it asks
-has a :class:`Part`, the target of that node's slot on the link, which gets
-the replies (or the link's failure) and settles the node's result. The
-:class:`~.hub.Hub` reads the links and tells each op when its deadlines pass.
-"""
+"""One fan-out in flight: an :class:`Op`, with a :class:`Part` per node that settles its result."""
 
 from __future__ import annotations
 
@@ -100,12 +94,8 @@ class Part:
         if any(_read_only(reply) for reply in replies):
             self.node.demoted()  # a replica now: a Sentinel-managed node looks for its master
         if self.done:
-            # Nobody waits any more; a release the node could not run (its
-            # script cache was flushed on this connection) is still sent
-            # again, so the key does not outlive the release until its ttl.
-            # An acquire or extend is not: an undo queued after it may
-            # already have run. The connection sends the others' source
-            # again with their next call.
+            # Nobody waits: resend a release lost to SCRIPT FLUSH (or the key lives out its ttl),
+            # never an acquire or extend (an undo queued after it may have run already).
             late = []
             for call, reply in zip(self.calls, replies, strict=True):
                 if isinstance(reply, NoScriptError) and isinstance(call, Call):
@@ -124,9 +114,7 @@ class Part:
                 if isinstance(reply, NoScriptError) and isinstance(call, Call)
             ]
             if missing:
-                # SCRIPT FLUSH since this connection sent the source: EVAL
-                # with it, on the same link, with the same allowance as the
-                # first send.
+                # SCRIPT FLUSH since the source was sent: EVAL, with the same allowance.
                 self.replies, self.reload = replies, missing
                 payload = b"".join(
                     self.calls[position].packed(by_sha=False)  # type: ignore[call-arg]
@@ -211,12 +199,10 @@ class Op:
                 self.decide()
 
     def decide(self) -> None:
-        """The outcome is known: wait only a moment more for the other nodes.
+        """The outcome is known: wait a moment more for healthy nodes, none for suspect ones.
 
-        A healthy node answers within a few hundred microseconds of the
-        others, so it is still waited for (a caller that looks at every node
-        right after finds them settled); a node that misses the moment, or is
-        already suspect, is not waited for.
+        A healthy node answers within microseconds of the others, so a caller that looks at
+        every node right after finds them settled.
         """
         self.decided = True
         now = time.monotonic()
@@ -244,10 +230,9 @@ class Op:
             self.event.set()
 
     def expire(self, drained: float) -> None:
-        """Give up on parts whose deadline had passed when the sockets were last read.
+        """Give up on parts past their deadline when the sockets were last read.
 
-        A node that has sent no reply at all since the part was queued
-        becomes suspect; one that answers, only slowly (a long queue), not.
+        A node silent since the part was queued becomes suspect; a slow one (a long queue) not.
         """
         for part in self.parts:
             if not part.done and part.deadline <= drained:
@@ -275,12 +260,7 @@ def _not_waited_for(name: str) -> NotWaitedFor:
 
 
 def _read_only(reply: Any) -> bool:
-    """Whether a reply says the node is a replica now (it refused a write).
-
-    Redis 7 and Valkey keep the refusal's class inside a script's error;
-    Redis 6.2 wraps it in a generic ``ERR Error running script`` whose text
-    carries the ``-READONLY`` error code.
-    """
+    """Whether a reply says the node is a replica now (Redis 6.2 wraps it in a script error)."""
     if isinstance(reply, ReadOnlyError):
         return True
     return isinstance(reply, ResponseError) and "-READONLY " in str(reply)

@@ -15,11 +15,7 @@ _PAUSE_BYTES = 32_768
 
 
 class Payload:
-    """One node's commands in Redis protocol, shared by every node given the same calls.
-
-    Calls name their scripts by SHA (``EVALSHA``); :meth:`for_link` gives the
-    bytes for a connection that has not sent some of those scripts yet.
-    """
+    """One node's commands in Redis protocol (``EVALSHA``), shared by nodes given the same calls."""
 
     __slots__ = ("data", "firsts", "loads", "needs", "scripts")
 
@@ -31,11 +27,9 @@ class Payload:
         scripts: tuple[str, ...],
     ) -> None:
         self.data = data
-        #: The first call of each script not loaded ahead of it in the same
-        #: payload (``SCRIPT LOAD``), with where its bytes start and end.
+        #: The first call of each script not loaded ahead of it (``SCRIPT LOAD``), with its span.
         self.firsts = firsts
-        #: The SHA1s of those scripts: a link must have sent them all, or it
-        #: gets :meth:`for_link`.
+        #: Their SHA1s: a link that has not sent them all gets :meth:`for_link`.
         self.needs = needs
         #: Every script the link has sent once these bytes are queued.
         self.scripts = scripts
@@ -43,11 +37,7 @@ class Payload:
         self.loads = len(scripts) > len(needs)
 
     def for_link(self, sent: set[str]) -> bytes:
-        """The bytes for a link that has sent the scripts in ``sent``.
-
-        The first call of each script it :attr:`needs` that is not in ``sent``
-        is an EVAL with the script's source.
-        """
+        """The bytes for a link that has sent ``sent``: the first call of each other one an EVAL."""
         view = memoryview(self.data)
         pieces: list[bytes | memoryview] = []
         done = 0

@@ -1,12 +1,8 @@
-"""A node reached through a redis-py client's own command methods.
+"""A node reached through a client's own command methods, one call after another.
 
-For client objects whose connections are not plain redis-py TCP, TLS or
-unix-socket connections (``fakeredis.FakeRedis``, a proxy client, an
-instrumented subclass): their sockets, if any, are not ours to drive, so each
-call goes through ``client.evalsha`` / ``client.eval`` /
-``client.execute_command``, one after another, in the calling thread. Slower
-than the fan-out's own links, and bounded by the client's own timeouts, but
-correct: the replies and failures look the same to the lock.
+For clients whose sockets are not ours to drive (``fakeredis``, a proxy, an instrumented
+subclass): slower than the fan-out's links and bound by the client's timeouts, but the replies
+and failures look the same to the lock.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""The Redis protocol (RESP2), as much of it as the fan-out speaks.
+"""The Redis protocol (RESP2, as the links never send ``HELLO``), as much as the fan-out speaks.
 
-Commands are packed here and replies parsed here: the links of
-:mod:`.connection` write every node's commands and parse each reply as its bytes
-arrive, for many callers at once on one connection. The links never ask for
-RESP3 (no ``HELLO``), so RESP2 is all a server sends them.
-
-Replies come back as redis-py returns them with ``decode_responses=False``:
-``int`` for integers, ``bytes`` for simple and bulk strings, ``None`` for a
-null, ``list`` for arrays. Error replies are returned, not raised, as
-:class:`ErrorReply`, for the caller to classify.
-
-The parser is strict: every line and every bulk string must end in CRLF,
-numbers are plain decimal, lengths are bounded, and arrays nest at most
-:data:`MAX_DEPTH` deep. Anything else is a :class:`ProtocolError`, after which
-the connection cannot be trusted and is closed.
+Replies come back as redis-py's with ``decode_responses=False``; error replies are returned as
+:class:`ErrorReply`, not raised. The parser is strict (CRLF, plain decimals, bounded lengths and
+depth): anything else is a :class:`ProtocolError`, and the connection is closed.
 """
 
 from __future__ import annotations
@@ -72,10 +61,7 @@ def _number(line: bytes) -> int:
 
 
 def parse(buffer: bytes | bytearray, start: int = 0) -> tuple[Any, int]:
-    """Parse the reply that begins at ``buffer[start]``.
-
-    Returns ``(reply, end)`` with ``end`` the position just after it, or
-    ``(INCOMPLETE, start)`` when the buffer holds only part of the reply.
+    """``(reply, end)`` for the reply at ``buffer[start]``, or ``(INCOMPLETE, start)``.
 
     Raises:
         ProtocolError: the bytes are not a RESP2 reply.

@@ -1,15 +1,9 @@
 """Sentinel-managed nodes: the URL that names one, and where its master runs now.
 
-A node given as ``sentinel://host:26379;sentinel://host2:26379/0?master_name=mymaster``
-is one Redlock node: the master Sentinel names. That is kombu's syntax for a
-Sentinel-managed broker (there the master name is the ``master_name``
-transport option; here it is a query option of the URL, as each node names
-its own master); :class:`SentinelMaster` reads it, with the query-option rules
-of :mod:`.endpoint`. :class:`MasterFinder` asks the Sentinels with redis-py's
-public :class:`redis.sentinel.Sentinel` (each Sentinel in turn, a reply that
-calls the master down or not a master ignored), every connection bounded by
-the lock's node timeout and never retried, and gives redis-py clients that
-follow the master for the node's pub/sub and admin commands.
+``sentinel://h1:26379;sentinel://h2:26379/0?master_name=NAME`` is kombu's syntax, with the master
+named in the URL since each node names its own. :class:`MasterFinder` asks through redis-py's
+:class:`redis.sentinel.Sentinel`, bounded by the node timeout, never retried
+(docs/operations.md, "Sentinel-managed masters").
 """
 
 from __future__ import annotations
@@ -41,13 +35,7 @@ _SENTINEL_PORT = 26379
 class SentinelMaster:
     """A Redis master that Sentinel manages: one lock node, wherever it runs now.
 
-    Attributes:
-        name: the URL without passwords, for messages and logs.
-        master_name: the master's name in the Sentinels' ``sentinel monitor`` line.
-        sentinels: ``(host, port)`` of each Sentinel to ask.
-        db, username, password, client_name: for the master itself.
-        sentinel_username, sentinel_password: for the Sentinels, if they
-            require a login (``requirepass`` in sentinel.conf).
+    The login and ``db`` are the master's; ``sentinel_*`` log in to the Sentinels.
     """
 
     name: str
@@ -82,10 +70,7 @@ class SentinelMaster:
     def from_url(cls, url: str) -> SentinelMaster:
         """Parse ``sentinel://[user:password@]host[:port][/db];sentinel://...?master_name=NAME``.
 
-        Each ``;``-separated part names one Sentinel (port 26379 by default).
-        Credentials and database in the URL are the master's, as in kombu;
-        ``sentinel_username`` and ``sentinel_password`` log in to the
-        Sentinels. The query may follow any part, once.
+        One Sentinel per ``;`` part; the query may follow any part, once.
         """
         shown = redact(url)
         sentinels: list[tuple[str, int]] = []
@@ -201,8 +186,7 @@ class MasterFinder:
         """``(host, port)`` of the master now.
 
         Raises:
-            redis.ConnectionError: no Sentinel answered with a master that is
-                up (names each Sentinel's failure).
+            redis.ConnectionError: no Sentinel named a master that is up.
         """
         try:
             host, port = self._sentinel.discover_master(self.master.master_name)

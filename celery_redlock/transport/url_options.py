@@ -1,15 +1,7 @@
-"""A node URL's query options, one rule per option, and its passwords hidden.
+"""A node URL's query options, and its passwords hidden.
 
-Read by :class:`~.endpoint.Endpoint` (``redis://``, ``rediss://``,
-``unix://``) and :class:`~.sentinel.SentinelMaster` (``sentinel://``):
-
-* honoured: ``db``, ``client_name`` and what the URL's kind takes besides
-  (the ``ssl_*`` settings of ``rediss://``, see :mod:`.tls`);
-* the lock's own setting wins, and a warning names the option: socket and
-  connect timeouts (``node_timeout`` governs), ``protocol`` (the lock speaks
-  RESP2 on its own connections), ``max_connections`` (the lock multiplexes
-  its few connections), retries, keep-alive, health checks, decoding;
-* anything else is refused with a :class:`ConfigurationError` naming it.
+An option is honoured (``db``, ``client_name``, the URL kind's own), overridden by the lock's
+setting with a warning (:data:`_OVERRIDDEN`), or refused with a :class:`ConfigurationError`.
 """
 
 from __future__ import annotations
@@ -74,11 +66,7 @@ def redact(url: str) -> str:
 
 
 def bad(problem: str, option: str = "nodes") -> ConfigurationError:
-    """The error for a node given wrongly: ``nodes: problem``, naming ``option``.
-
-    The parts cannot say both names: the message stays under ``nodes`` while
-    ``option`` names the URL's own option (``db``, ``ssl_ca_certs``).
-    """
+    """``ConfigurationError("nodes", problem)``, its ``option`` the URL's own (``db``...)."""
     error = ConfigurationError("nodes", problem)
     if option != "nodes":
         error.option, error.problem = option, str(error)
@@ -108,9 +96,7 @@ def check_options(
 ) -> None:
     """Warn of each option the lock's settings override; refuse any it does not take.
 
-    ``accepted``: options taken besides ``db`` and ``client_name``;
-    ``refused(option)``: the problem with an option this URL cannot take, or
-    ``None``; ``takes``: what the URL takes, for the message about an unknown option.
+    ``refused(option)``: why this URL cannot take it, or ``None``; ``takes``: for the message.
     """
     for option in query:
         if option in _OVERRIDDEN:
