@@ -1,8 +1,6 @@
 """One attempt to take a lock on every node, and the fencing token it settles.
 
-The counterpart of :class:`.semaphore_slots.Attempt` for a
-:class:`~celery_redlock.Lock`: :func:`attempt` asks the nodes and decides;
-the lock keeps what it holds, and undoes a failed attempt.
+:func:`attempt` asks and decides; the :class:`~celery_redlock.Lock` holds, or undoes a failure.
 """
 
 from __future__ import annotations
@@ -43,12 +41,7 @@ class Attempt:
 
 
 def attempt(redlock: LockNodes, keys: LockKeys, value: str, ttl: float, replaces: str) -> Attempt:
-    """One try on every node to set ``value`` for ``ttl`` seconds.
-
-    The fencing token is settled in the same round trip when every node
-    that answered was below the proposed token, else in one more
-    (:mod:`.fencing`).
-    """
+    """One try on every node to set ``value`` for ``ttl`` s; the token may take a second round."""
     nodes = redlock.nodes
     lead = int(redlock.node_timeout * 1e6)
     ahead = ahead_us(lead)
@@ -101,9 +94,8 @@ def attempt(redlock: LockNodes, keys: LockKeys, value: str, ttl: float, replaces
             outcome.acquired, outcome.token = True, token
             return outcome
 
-    # Undo wherever our fresh token may be: where it was set, and where
-    # no answer came (a node that timed out may have set it after we
-    # stopped listening). A node that answered "busy" cannot hold it.
+    # Undo where it was set and where no answer came (a timed-out node may set it late);
+    # a node that answered "busy" cannot hold it.
     outcome.undo = silent.union(granted)
     if pttls:
         outcome.retry_hint = min(pttls) / 1000.0
@@ -113,8 +105,7 @@ def attempt(redlock: LockNodes, keys: LockKeys, value: str, ttl: float, replaces
 def _record_token(redlock: LockNodes, keys: LockKeys, token: int, outcome: Attempt) -> bool:
     """Raise every node's bucket to ``token``; True once a majority holds it.
 
-    When fewer than a majority answer, ``outcome`` is updated so the
-    attempt counts as one without a quorum.
+    Too few answers update ``outcome``, so the attempt counts as one without a quorum.
     """
     call = Call(_FENCE_RAISE, (keys.fence,), (str(token), to_ms(redlock.fence_ttl)))
     results = fan_out(

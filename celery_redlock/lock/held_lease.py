@@ -1,9 +1,4 @@
-"""A lock or semaphore slot held by the renewal thread: what it needs of one, what it knows of it.
-
-:class:`Renewable` is what :mod:`.renewal` and :mod:`.renewal_batch` ask of a
-lock or slot (each supplies its part of a renewal call and applies the
-outcome to itself); :class:`HeldLock` is the thread's record of one.
-"""
+"""A lock or slot held by the renewal thread: what it needs of one, what it knows of it."""
 
 from __future__ import annotations
 
@@ -83,10 +78,7 @@ class Renewable(Protocol):
 class HeldLock:
     """A lock registered with the heartbeat, and what is known about it.
 
-    The heartbeat holds the lock itself strongly (a task's lock, released by
-    the task) or, with ``weak=True``, by weak reference (a plain lock with
-    ``auto_renew``): a lock object nobody references any more is then no
-    longer renewed, and expires.
+    ``weak=True`` (``auto_renew``): held by weak reference, so a lock nobody references expires.
     """
 
     def __init__(

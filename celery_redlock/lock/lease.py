@@ -1,9 +1,7 @@
 """What a lock and a semaphore slot share: a hold with a validity, waited for and given back.
 
-:class:`Lease` is the base of :class:`~celery_redlock.Lock` and
-:class:`~celery_redlock.Semaphore`: their validity, the ``with`` protocol,
-the error for a missing quorum, and the wait of a blocking acquire
-(:meth:`Lease._wait`), which each of them drives with its own attempt.
+:class:`Lease` holds the validity, the ``with`` protocol and the blocking wait; each subclass
+drives the wait with its own attempt.
 """
 
 from __future__ import annotations
@@ -31,13 +29,11 @@ from .renewal import heartbeat
 
 __all__ = ["Lease", "LockNodes", "expiry_reason"]
 
-#: Quick retries right after a release notification, in seconds: the other
-#: nodes' releases may still be a moment behind the one that woke us.
+#: Quick retries after a release notice, seconds: other nodes' releases may lag the one heard.
 _AFTER_WAKE_DELAYS = (0.0005, 0.001, 0.002, 0.004)
 
-#: A blocking acquire gives up with QuorumUnavailable after this many attempts
-#: in a row without a majority answering. One miss can be a node stalled for
-#: a moment next to one that is down; a few in a row are an outage.
+#: Attempts in a row without a majority answering before a blocking acquire gives up: one miss
+#: can be a node stalled a moment beside one that is down; a few are an outage.
 QUORUM_ATTEMPTS = 3
 
 
@@ -91,11 +87,7 @@ OutcomeT = TypeVar("OutcomeT", bound=Outcome)
 
 
 def expiry_reason(unconfirmed: str | None) -> str:
-    """Why a held lock or slot ran out of validity.
-
-    ``unconfirmed`` is what the last renewal that found no majority heard
-    (``None``: no renewal was answered in time).
-    """
+    """Why a hold ran out, from what the last renewal without a majority heard (or ``None``)."""
     if unconfirmed is None:
         return (
             "its validity ran out before it was renewed (the nodes did not answer in "
@@ -105,12 +97,7 @@ def expiry_reason(unconfirmed: str | None) -> str:
 
 
 class Lease:
-    """A hold on a majority of nodes, valid until a monotonic deadline.
-
-    Subclasses set the attributes below and implement :meth:`acquire`,
-    :meth:`release`, :meth:`_not_acquired` and :meth:`_lost_in_block`;
-    an acquisition is held through :meth:`_take` and :meth:`_forget`.
-    """
+    """A hold on a majority of nodes, valid until a monotonic deadline."""
 
     #: ``"lock"`` or ``"semaphore"``: how errors name the kind.
     kind: str
@@ -124,27 +111,20 @@ class Lease:
     auto_renew: bool
     #: The script that renews a batch of these (see :meth:`renew_part`).
     renew_script: LuaScript
-    #: Why the last acquisition ended without this object releasing it
-    #: (expired, taken over on some nodes, nodes unreachable); ``None`` otherwise.
+    #: Why the last acquisition ended without this object releasing it, else ``None``.
     lost_reason: str | None = None
     _value: str | None = None
     _valid_until = 0.0
     _mutex: threading.RLock
     _held: HeldLock | None = None
-    # Built from a token acquired elsewhere (a lock's ``token=``): its
-    # validity is unknown until an extend() confirms it.
+    # Built from a token (``token=``): validity unknown until an extend() confirms it.
     _adopted = False
-    # What the nodes answered to the last renewal that found no majority,
-    # while the hold was still valid: why it was lost if it runs out.
+    # The last renewal that found no majority: why it was lost, if it runs out.
     _unconfirmed: str | None = None
 
     @property
     def value(self) -> str | None:
-        """The random token (and owner) written to Redis, or ``None`` when not held.
-
-        A lock's value passed as ``token=`` to :meth:`Redlock.lock` extends or
-        releases this acquisition from another object or process.
-        """
+        """The token (and owner) written to Redis, or ``None``; see ``Redlock.lock(token=)``."""
         return self._value
 
     @property
@@ -197,10 +177,9 @@ class Lease:
     # -- renewal (see :mod:`.renewal_batch`) ---------------------------------------
 
     def start_renewal(self, now: float) -> str | None:
-        """Hold it for a renewal: ``None``, or the outcome when there is nothing to renew.
+        """Hold the mutex for a renewal (until :meth:`end_renewal`): ``None``, or the outcome now.
 
-        ``BUSY``: another thread is extending or releasing it; otherwise the
-        mutex is held until :meth:`end_renewal`.
+        ``BUSY``: another thread is extending or releasing it.
         """
         if not self._mutex.acquire(blocking=False):
             return BUSY
@@ -216,11 +195,7 @@ class Lease:
         self._mutex.release()
 
     def apply_renewal(self, tally: Tally, remaining: float, valid_until: float, now: float) -> str:
-        """Take the nodes' answers to a renewal made at ``now``; return its outcome.
-
-        As :meth:`Lock.extend` decides, except that a hold still valid is
-        kept when too few nodes answered (``UNREACHABLE``: renewed again soon).
-        """
+        """Take a renewal's answers as :meth:`Lock.extend` does; too few: ``UNREACHABLE``."""
         if tally.confirmed and remaining > 0:
             self._valid_until, self._adopted, self._unconfirmed = valid_until, False, None
             return RENEWED
@@ -287,19 +262,13 @@ class Lease:
     ) -> bool:
         """Attempt until taken, out of time, or the nodes are out of reach.
 
-        A waiter listens on ``channel`` for releases (listening starts
-        before an attempt, so a release after it is never missed), retries
-        at once a few times when a release woke it and some nodes are free
-        already, and otherwise sleeps about ``retry_delay`` (shorter when
-        the holder's hold runs out sooner). ``listen_first``: make even the
-        first attempt while listening (an attempt that queues the caller
-        must be followed by listening); otherwise the first attempt is made
-        before subscribing, the cheap path of an uncontended acquire.
+        Listening on ``channel`` starts before an attempt, so no release is missed; the first
+        attempt goes before subscribing (the cheap uncontended path) unless ``listen_first``
+        (an attempt that queues the caller must be followed by listening).
 
         Raises:
-            QuorumUnavailable: fewer than a majority answered the only
-                attempt, or :data:`QUORUM_ATTEMPTS` in a row, or the last one
-                before the deadline.
+            QuorumUnavailable: no majority answered the only attempt, :data:`QUORUM_ATTEMPTS` in
+                a row, or the last before the deadline.
         """
         deadline = None if timeout is None else _clock.monotonic() + timeout
         misses = 0  # attempts in a row without a majority answering
@@ -335,8 +304,7 @@ class Lease:
                 if remaining <= 0:
                     return False
                 if woken and outcome.granted > 0:
-                    # Some nodes are free already: the release is still reaching
-                    # the others. Retry almost at once instead of sleeping.
+                    # The release is still reaching the other nodes: retry almost at once.
                     for delay in _AFTER_WAKE_DELAYS:
                         sleep(min(delay, remaining))
                         outcome = attempt()
@@ -348,8 +316,7 @@ class Lease:
                     if remaining <= 0:
                         return False
                 if misses:
-                    # No majority answered: the nodes, not a holder, are the
-                    # obstacle. Look again soon; a few misses end the wait.
+                    # The nodes, not a holder, are the obstacle: look again soon.
                     wait = retry_delay * random.uniform(0.25, 0.75)
                 else:
                     wait = retry_delay * random.uniform(0.5, 1.5)

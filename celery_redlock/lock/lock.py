@@ -1,25 +1,10 @@
-"""Lock: one named lock on a :class:`~celery_redlock.Redlock`.
+"""Lock: one named lock on a :class:`~celery_redlock.Redlock`, each acquisition fresh.
 
-A :class:`Lock` is acquired, extended and released; each acquisition is
-fresh (a new random token, its validity measured from its own start). The
-rules, and how they differ from other lock libraries:
-
-* ``acquire(blocking=False, timeout=5)`` is refused: a non-blocking acquire
-  makes one attempt, so a timeout would be silently ignored.
-* ``extend(ttl)`` changes the current hold only; ``lock.ttl`` (what later
-  acquisitions, ``extend()`` and the heartbeat use) stays as it was.
-* A node outage is told apart from a lost lock: ``extend()`` raises
-  ``QuorumUnavailable`` and keeps a lock that is still valid when too few
-  nodes answer to tell, ``LockLost`` when fewer than a majority can still
-  hold it. ``release()`` returns ``False`` only when the lock was lost.
-* ``with lock:`` raises ``LockLost`` on exit when the release finds the lock
-  gone (unless the block is already raising): the block's work may have
-  overlapped another holder's.
-* A lock acquired elsewhere is extended or released from another object or
-  process with ``redlock.lock(name, token=lock.value)``.
-* ``auto_renew=True`` renews the lock from the process heartbeat while it is
-  held; the heartbeat holds it by weak reference, so a lock object dropped
-  without ``release()`` stops being renewed and expires within its ttl.
+Where it differs from other lock libraries: ``acquire(blocking=False, timeout=5)`` is refused
+(one attempt cannot wait); ``extend(ttl)`` changes the current hold only, not ``lock.ttl``; an
+outage (``QuorumUnavailable``, the lock kept) is told apart from a lost lock (``LockLost``); and
+``with lock:`` raises ``LockLost`` on exit when the lock was lost, since the block's work may
+have overlapped another holder's.
 """
 
 from __future__ import annotations
@@ -56,9 +41,8 @@ _EXTEND = load("extend")
 class Lock(Lease):
     """One named lock on a :class:`Redlock`; reusable, each acquisition fresh.
 
-    All state lives on this object (never in a thread-local), so another
-    thread may extend or release it, as a heartbeat thread does. Create it
-    with :meth:`Redlock.lock`.
+    Made by :meth:`Redlock.lock`. State lives on the object, not a thread-local, so another
+    thread (the heartbeat) may extend or release it.
 
     Example::
 
@@ -121,12 +105,9 @@ class Lock(Lease):
 
     @property
     def fencing_token(self) -> int | None:
-        """Integer larger than every earlier acquisition's, or ``None`` when not held.
+        """Integer larger than every earlier acquisition's; ``None`` when not held or adopted.
 
-        Hand it to the storage you write under the lock, and let the storage
-        refuse writes that carry a smaller token than it has already seen.
-        ``None`` too for a lock built from a token (``redlock.lock(name,
-        token=...)``): the token travels with the acquisition, not the value.
+        Pass it to the storage you write, and let it refuse a token smaller than one it saw.
         """
         return self._fencing_token if self._value is not None else None
 
@@ -137,23 +118,16 @@ class Lock(Lease):
 
         Args:
             blocking: wait for a busy lock (``False``: one attempt only).
-            timeout: longest wait, seconds; ``None`` uses the lock's default
-                (which itself defaults to waiting as long as it takes). With
-                ``blocking=False`` only ``None`` or ``0`` is accepted.
+            timeout: longest wait, seconds; ``None``: the lock's default (by default, no
+                limit). With ``blocking=False`` only ``None`` or ``0``.
 
         Raises:
-            QuorumUnavailable: fewer than a majority of the nodes answered the
-                only attempt of a non-blocking acquire, or 3 attempts in a
-                row (or the last one before the timeout) of a blocking one.
+            QuorumUnavailable: no majority answered the only attempt, or 3 in a row (or the
+                last before the timeout): an outage is reported, not waited out.
             ConfigurationError: a bad timeout, or a timeout with ``blocking=False``.
             RedlockError: this object already holds the lock.
 
-        A waiter is woken by the holder's release within milliseconds; when
-        the holder dies instead, it wakes as the key expires. A blocking
-        acquire retries a missing quorum after a short pause (a node can be
-        slow to answer for a moment while another is down) but gives up
-        within a few tenths of a second, so an outage is reported, not waited
-        out.
+        A waiter wakes within milliseconds of the holder's release, or as its key expires.
         """
         timeout = self._wait_for(blocking, timeout)
         if self._adopted or self.locked():
@@ -193,19 +167,12 @@ class Lock(Lease):
     def extend(self, ttl: float | None = None) -> None:
         """Reset the current hold's time to live to ``ttl`` (default: the lock's ttl).
 
-        Works like a fresh acquisition: a majority of nodes must confirm
-        within the current validity. Once they have, nodes that answered
-        without the key get it back (``SET NX``, never over another owner's
-        value; one more round trip), so a lock taken while a node was down
-        regains that node. ``ttl`` applies to this hold only; ``lock.ttl`` is
-        unchanged.
+        A majority must confirm within the current validity; nodes that answered without the
+        key then get it back (docs/reliability.md, "Renewal restores missing copies").
 
         Raises:
-            LockLost: the lock had expired, or fewer than a majority of nodes
-                can still hold it (it was deleted or taken over); it has been
-                given up everywhere.
-            QuorumUnavailable: too few nodes answered to tell. The lock is
-                kept, with the validity it had; try again.
+            LockLost: expired, or a majority can no longer hold it; given up everywhere.
+            QuorumUnavailable: too few nodes answered to tell; kept with its validity, retry.
             ConfigurationError: a ttl a lock could not be acquired with.
         """
         new_ttl = self.ttl if ttl is None else self._checked_ttl(ttl)
@@ -272,17 +239,12 @@ class Lock(Lease):
     def release(self) -> bool:
         """Give the lock up on every node; wake waiters.
 
-        Returns ``True`` when the lock was still ours: a majority of nodes
-        held it, or it was still valid by the clock and too few nodes answered
-        to say otherwise (the keys left on unreachable nodes expire within
-        the ttl). Returns ``False`` when it was lost: never held, expired, or
-        fewer than a majority still held it (see :attr:`lost_reason`). Keys
-        held by any other owner are never touched. Calling it again is
-        harmless.
+        Returns ``True`` when it was still ours (a majority held it, or still valid and too
+        few answered to say otherwise), ``False`` when lost (see :attr:`lost_reason`). Never
+        touches another owner's keys; calling it again is harmless.
 
         Raises:
-            QuorumUnavailable: only for a lock built from a token (its
-                validity is unknown), when too few nodes answered to tell.
+            QuorumUnavailable: a lock built from a token, when too few nodes answered to tell.
         """
         with self._mutex:
             value = self._value
@@ -321,14 +283,9 @@ class Lock(Lease):
     def hand_over(self, owner: str, ttl: float) -> bool:
         """Pass this held lock to ``owner`` for ``ttl`` seconds, never freeing it in between.
 
-        A new value for ``owner`` replaces this acquisition's own where it
-        still holds (never another holder's); when a majority take it, this
-        object holds nothing more (its :meth:`release` returns ``False``) and
-        the new holder is the one to release or let it expire. A worker hands
-        a singleton's lock back to the "queued" state this way for the retry
-        it has just re-queued. Returns ``False`` when fewer than a majority
-        took the new value: it is undone as any failed attempt is, and this
-        object keeps its acquisition (lost on a node the attempt replaced).
+        How a worker hands a singleton's lock back to "queued" for the retry it re-queued. On
+        success this object holds nothing; ``False``: no majority took it, the attempt is
+        undone and this object keeps its hold (lost on nodes the attempt replaced).
 
         Raises:
             QuorumUnavailable: too few nodes answered to tell.

@@ -1,16 +1,8 @@
 """What the nodes said about one held lock, and the words for it.
 
-``extend.lua`` and ``release.lua`` answer per node: the key is ours (1),
-absent (0), or another owner's (-1); ``renew.lua`` the same, one character
-per lock. A renewal never counts a copy it writes (see
-:func:`.renewal_batch.place`).
-A node may also not answer, or answer with an error. :class:`Tally` counts
-those answers and decides, for a lock of ``n`` nodes and quorum ``q``:
-
-* **confirmed**: at least ``q`` nodes held our value;
-* **lost**: fewer than ``q`` nodes can still hold it, counting every node
-  that did not answer as holding it;
-* otherwise **undecided**: too few nodes answered to tell.
+Scripts answer per node: ours (1), absent (0), another owner's (-1). :class:`Tally` decides
+*confirmed* (a quorum held it), *lost* (fewer than a quorum could, counting silent nodes as
+holding it), or neither: too few answered to tell.
 """
 
 from __future__ import annotations
@@ -77,11 +69,7 @@ class Tally:
         slot: int = 0,
         asked: int | None = None,
     ) -> Tally:
-        """Count the answers in slot ``slot`` of every node's result.
-
-        A node with an empty result was not asked; ``asked`` nodes were
-        (default: all of them).
-        """
+        """Count slot ``slot`` of every node's result; ``asked``: nodes asked (empty: not asked)."""
         tally = cls(nodes=len(nodes) if asked is None else asked, quorum=quorum)
         for index, (node, result) in enumerate(zip(nodes, results, strict=True)):
             if isinstance(result, NodeFailure):
@@ -99,10 +87,7 @@ class Tally:
         return tally
 
     def count(self, answer: int | bytes, node: int | None = None) -> None:
-        """Count one node's answer: an integer, or one character of ``renew.lua``'s string.
-
-        ``node``: the node's index, recorded in :attr:`lacking` when it lacks the key.
-        """
+        """Count one answer (an integer, or a ``renew.lua`` character); ``node`` for ``lacking``."""
         code = _CODES.get(answer, ABSENT) if isinstance(answer, bytes) else int(answer)
         if code == HELD:
             self.held += 1
@@ -141,10 +126,7 @@ def _nodes(count: int) -> str:
     return f"{count} node" if count == 1 else f"{count} nodes"
 
 
-# -- when a fan-out may stop waiting (``fan_out(enough=...)``) ---------------------
-# A node the outcome no longer depends on is not waited for: a paused node
-# then costs nothing once a majority has answered. Its reply, when it comes,
-# is read and dropped by the transport.
+# -- when a fan-out may stop waiting (``fan_out(enough=...)``): a paused node then costs nothing
 
 Decided = Callable[[Sequence[NodeResult | None]], bool]
 

@@ -1,24 +1,10 @@
 """Redlock: a lock held by a majority of N independent Redis masters.
 
-:class:`Redlock` knows the nodes, and does what concerns many locks or a
-lock it does not hold (batched renewal, inspection, cleanup by owner);
-:class:`~celery_redlock.lock.lock.Lock` is one named lock that can be acquired,
-extended and released. The algorithm is the one described at
-https://redis.io/docs/latest/develop/use/patterns/distributed-locks/ with the
-corrections that implementations of it tend to miss:
-
-* every attempt gets a fresh random token and measures its validity from its
-  own start on the monotonic clock: ``validity = ttl - elapsed - drift``,
-  ``drift = 1 % of ttl + 2 ms``; an attempt left with no validity failed;
-* all nodes are asked at once, each for at most ``node_timeout``;
-* a failed attempt is undone on *every* node (a node that timed out may still
-  have set the key) before the next try;
-* extend and release are compare-and-set Lua scripts: they never touch a key
-  that another owner holds, and put a missing key back only while the lock
-  is valid (so that it regains nodes that were down when it was taken);
-* waiters are woken by the release (pub/sub), not only by polling;
-* each acquisition carries a fencing token, larger than every earlier one
-  for the same name, kept in a bounded set of keys per node (:mod:`.fencing`).
+:class:`Redlock` knows the nodes and does what concerns many locks or one it does not hold
+(batched renewal, inspection, cleanup by owner); :class:`~.lock.Lock` is one named lock. The
+algorithm is redis.io's, with the corrections implementations tend to miss (validity from each
+attempt's own start, failed attempts undone on every node, compare-and-set scripts, fencing):
+docs/reliability.md, "What the lock guarantees".
 """
 
 from __future__ import annotations
@@ -57,8 +43,7 @@ logger = logging.getLogger("celery_redlock.lock")
 _RELEASE_OWNER = load("release_owner")
 _INSPECT = load("inspect")
 
-#: ``default_ttl`` and ``node_timeout`` when none is given, seconds: the
-#: ``redlock_default_ttl`` and ``redlock_node_timeout`` settings' defaults too.
+#: Defaults, seconds, of ``default_ttl`` and ``node_timeout`` and of their ``redlock_*`` settings.
 DEFAULT_TTL = 60.0
 DEFAULT_NODE_TIMEOUT = 0.05
 #: Longest retry_delay, seconds.
@@ -69,21 +54,15 @@ class Redlock:
     """A set of independent Redis masters that grant locks by majority.
 
     Args:
-        nodes: Redis URLs (``redis://``, ``rediss://``, ``unix://``, with
-            credentials if needed) or ``redis.Redis`` clients. One node gives a
-            plain single-instance lock; an odd number (3, 5) is recommended.
-            Each must be a standalone Redis server (not a Redis Cluster).
+        nodes: Redis URLs (``redis://``, ``rediss://``, ``unix://``, ``sentinel://``) or
+            ``redis.Redis`` clients of standalone servers (not Cluster); an odd number is best.
         key_prefix: prepended to every key, to keep apps apart.
-        default_ttl: lock time to live when :meth:`lock` is given none, seconds
-            (at most a year).
-        node_timeout: longest wait for any one node, seconds, from 1 ms to
-            60 s. Keep it far below the ttl; a paused node costs an attempt at
-            most this much.
-        retry_delay: mean pause between attempts of a blocking acquire when no
-            release notification arrives, seconds (jittered ±50 %).
-        fence_ttl: how long a fencing bucket is kept after it was last raised,
-            seconds, from an hour to a year. Its expiry is harmless: a missing
-            bucket reads as the node's clock (see docs/reliability.md).
+        default_ttl: lock ttl when :meth:`lock` is given none, seconds (at most a year).
+        node_timeout: longest wait for one node, seconds, 1 ms to 60 s; keep it far below the ttl.
+        retry_delay: mean pause between attempts of a blocking acquire with no release notice,
+            seconds (jittered ±50 %).
+        fence_ttl: how long a fencing bucket outlives its last raise, seconds, an hour to a
+            year; expiry is harmless (docs/reliability.md, "Fencing tokens").
         drift_factor: clock drift allowance, a fraction of the ttl in [0, 0.5).
 
     Example::
@@ -92,8 +71,7 @@ class Redlock:
         with redlock.lock("invoice:42", ttl=30.0) as lock:
             store.write(invoice, fencing_token=lock.fencing_token)
 
-    One instance is safe to share between threads, and survives ``fork()``:
-    a child process opens its own connections.
+    Safe to share between threads; after ``fork()`` a child opens its own connections.
     """
 
     def __init__(
@@ -139,20 +117,15 @@ class Redlock:
         Args:
             name: the lock's name; any non-empty string.
             ttl: seconds the lock lives unless extended (default ``default_ttl``).
-            timeout: how long ``acquire()`` and ``with`` wait by default;
-                ``None`` waits as long as it takes, ``0`` does not wait.
-            owner: free text stored beside the token (e.g. a task id), shown
-                by tools that list held locks.
-            replaces: take the lock over from a holder whose value ends with
-                this text, as if it were free (how a worker takes over the
-                singleton lock its publisher wrote).
-            token: the :attr:`Lock.value` of an acquisition made elsewhere
-                (another object or process), to extend or release it from
-                here. Its validity is unknown until ``extend()`` confirms it.
-            auto_renew: renew the lock from the process heartbeat while it is
-                held (about every third of its ttl), until ``release()``. The
-                heartbeat holds it by weak reference: a lock object dropped
-                without ``release()`` stops being renewed and expires.
+            timeout: how long ``acquire()`` and ``with`` wait by default; ``None``: as long
+                as it takes, ``0``: not at all.
+            owner: free text stored beside the token (e.g. a task id), shown when listing locks.
+            replaces: take over from a holder whose value ends with this text, as if free (a
+                worker taking the singleton lock its publisher wrote).
+            token: the :attr:`Lock.value` of an acquisition made elsewhere, to extend or
+                release it here; its validity is unknown until ``extend()`` confirms it.
+            auto_renew: renew from the process heartbeat (about every third of the ttl) until
+                ``release()``; held by weak reference, so a dropped lock simply expires.
 
         Example::
 
@@ -185,18 +158,14 @@ class Redlock:
         """Return a :class:`Semaphore` of ``limit`` slots for ``name`` (none taken yet).
 
         Args:
-            name: the semaphore's name; any non-empty string (its keys do not
-                collide with a lock of the same name).
+            name: the semaphore's name (its keys never collide with a lock's of that name).
             limit: how many holders at once, 1 to 100000.
             ttl: seconds a slot lives unless extended (default ``default_ttl``).
-            timeout: how long ``acquire()`` and ``with`` wait by default;
-                ``None`` waits as long as it takes, ``0`` does not wait.
+            timeout: as for :meth:`lock`.
             blocking: whether ``acquire()`` and ``with`` wait by default.
-            owner: free text stored beside the token (``task_id|host:pid`` for
-                a task), shown by ``celery redlock locks`` and matched by
+            owner: free text beside the token (``task_id|host:pid`` for a task), matched by
                 :meth:`release_semaphore_owner`.
-            auto_renew: renew the slot from the process heartbeat while it is
-                held, until ``release()`` (by weak reference, as for locks).
+            auto_renew: as for :meth:`lock`.
 
         Example::
 
@@ -220,11 +189,7 @@ class Redlock:
         return renewal_batch.renew(self, leases)
 
     def inspect(self, name: str) -> list[tuple[str | None, float] | NodeFailure]:
-        """What each node holds for lock ``name``: ``(value, seconds_left)``.
-
-        ``value`` is ``None`` where the key is absent. Nodes that did not
-        answer are reported as :class:`NodeFailure`.
-        """
+        """Per node, ``(value or None, seconds_left)`` for lock ``name``, or a ``NodeFailure``."""
         call = Call(_INSPECT, (self.key(name),), ())
         found: list[tuple[str | None, float] | NodeFailure] = []
         for node, result in zip(
@@ -243,10 +208,7 @@ class Redlock:
         return found
 
     def holder(self, name: str) -> str | None:
-        """The value a majority of nodes hold for ``name``, or ``None``.
-
-        The value is ``token|owner`` as written by :meth:`Lock.acquire`.
-        """
+        """The value (``token|owner``) a majority of nodes hold for ``name``, or ``None``."""
         counts: dict[str, int] = {}
         for entry in self.inspect(name):
             if not isinstance(entry, NodeFailure) and entry[0] is not None:
@@ -259,16 +221,12 @@ class Redlock:
     def release_owner(self, name: str, task_id: str, where: str | None = None) -> int:
         """Force-release ``name`` if one exact run of a task holds it; return nodes freed.
 
-        For a worker's main process cleaning up after a task process that
-        died or was killed: it knows the run (its task id and ``where``, the
-        ``host:pid`` the value was written with), not the lock's token. A
-        later run of the same task id elsewhere (a re-delivered copy) has
-        another ``where`` and is never freed. The lock's argument preview
-        (a singleton's) is deleted with it.
+        For a worker cleaning up after a dead task process: it knows the run (task id and
+        ``where``, the ``host:pid`` in the value), not the token. A re-delivered copy elsewhere
+        has another ``where`` and is never freed. The singleton's argument preview goes too.
 
         Raises:
-            ConfigurationError: ``where`` not given. The task id alone cannot
-                tell the dead run from a live copy of it.
+            ConfigurationError: ``where`` not given (the task id alone would free a live copy).
         """
         task_id = text(task_id, "task_id", empty=False)
         if where is None:
@@ -289,14 +247,7 @@ class Redlock:
         return freed
 
     def release_semaphore_owner(self, name: str, task_id: str, where: str) -> int:
-        """Give up every slot of semaphore ``name`` one exact run of a task holds.
-
-        :meth:`release_owner` for semaphores: ``where`` is the ``host:pid``
-        the slot's owner was written with (``owner=f"{task_id}|{where}"``), so
-        a later run of the same task id elsewhere keeps its slot. Returns the
-        slots freed, summed over the nodes (a slot held on 3 nodes counts 3);
-        waiters are woken.
-        """
+        """:meth:`release_owner` for semaphore slots; returns slots freed, summed over nodes."""
         task_id = text(task_id, "task_id", empty=False)
         where = text(where, "where", empty=False)
         keys = semaphore_keys(self.key_prefix, text(name, "name", empty=False))
@@ -312,11 +263,9 @@ class Redlock:
         return freed
 
     def fencing_value(self, name: str) -> int | None:
-        """The largest fencing value the answering nodes hold for ``name``'s bucket.
+        """The largest value answering nodes hold in ``name``'s fencing bucket, or ``None``.
 
-        At least the last token issued for ``name``; the next one will be
-        larger. The bucket is shared with other names, so this is not the
-        name's last token itself. ``None`` when no answering node has one.
+        At least ``name``'s last token (the bucket is shared), below its next one.
         """
         return self.fencing_values([name]).get(name)
 

@@ -24,10 +24,7 @@ _polling_reported = False
 class ReleaseListener:
     """Subscribes to a lock's release channel so a waiter wakes on release.
 
-    Listens on the first node that accepts the subscription. Every release
-    publishes on every node, so one is enough; if none can be reached the
-    waiter falls back to timed polling, which is logged once per process (a
-    waiter then wakes at its retry delay instead of at the release).
+    One node is enough (releases publish on every node); with none, the waiter polls.
     """
 
     def __init__(self, nodes: Sequence[Node], channel: str) -> None:

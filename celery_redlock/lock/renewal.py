@@ -1,27 +1,16 @@
 """The per-process renewal thread that keeps held locks alive.
 
-One daemon thread per process (started on first use, again after a fork)
-serves every lock held in that process, however many pool threads hold them:
-task locks, and plain locks taken with ``auto_renew=True`` (held by weak
-reference: a lock object nobody references any more is no longer renewed).
-Each lock is renewed at about a third of its ttl; all locks due together are
-renewed in one pipelined round trip per node (:meth:`Redlock.renew`), which
-also puts a lock's key back on nodes that lack it.
-
-Renewal is tied to progress. With a ``progress_timeout``, a lock whose task
-has reported no progress (``self.heartbeat()``, ``self.update_state()``) for
-that long is no longer renewed, so a hung task loses its lock when the ttl
-runs out instead of holding it forever::
+One daemon thread per process renews every held lock at about a third of its ttl, all due
+locks in one round trip per node. With ``progress_timeout``, a task that reports no progress
+for that long stops being renewed, so a hung task loses its lock instead of holding it forever::
 
     t=0    task takes the lock (ttl 30 s, progress_timeout 60 s)
     t=10   renewed    t=20 renewed  ...  (task calls self.heartbeat() now and then)
     t=75   last progress was at t=14: renewal stops
     t=~100 the key expires; the task is marked lost, its next heartbeat() raises
 
-When a renewal fails the thread does not just log: the lock is marked lost,
-a warning saying what the nodes answered is logged, ``signals.lock_lost`` is
-sent, and the task sees it. Too few nodes answering is not a loss: the lock
-is renewed again soon, and lost only if its validity runs out first.
+A failed renewal marks the lock lost and tells the task (``signals.lock_lost``); too few nodes
+answering is retried soon, and is a loss only once the validity runs out.
 """
 
 from __future__ import annotations
@@ -75,11 +64,7 @@ class Heartbeat:
         on_lost: Callable[[HeldLock, str], None] | None = None,
         weak: bool = False,
     ) -> HeldLock:
-        """Start renewing ``lock`` (already acquired) until :meth:`drop`.
-
-        With ``weak``, the heartbeat keeps only a weak reference to the lock
-        and stops renewing it once the lock object is garbage-collected.
-        """
+        """Start renewing ``lock`` (already acquired) until :meth:`drop`; ``weak``: by weak ref."""
         held = HeldLock(
             lock, task_id=task_id, progress_timeout=progress_timeout, on_lost=on_lost, weak=weak
         )
@@ -91,14 +76,12 @@ class Heartbeat:
                     target=self._run, name="celery_redlock-heartbeat", daemon=True
                 )
                 self._thread.start()
-            # Wake the thread only if this lock needs it sooner than its next
-            # tick: a wake-up per task is a thread switch per task.
+            # Wake only if due before the next tick: a wake-up per task is a thread switch.
             first_due = held.last_renewed + lock.ttl * RENEW_AT
             self._idle_since = 0.0
             wake = self._next_tick == 0.0 or first_due < self._next_tick
             if self._next_tick == 0.0:
-                # Dormant: start ticking, even if this lock is gone by the
-                # time the thread looks (see _idle_wait).
+                # Dormant: start ticking, even if this lock is gone by then (see _idle_wait).
                 self._next_tick = first_due
                 self._tick = max(lock.ttl * RENEW_AT, MIN_TICK)
         if wake:
@@ -157,23 +140,16 @@ class Heartbeat:
     def _round(self) -> float:
         """Renew what is due; return seconds until the thread should look again.
 
-        Renewals happen on a common tick (a third of the shortest ttl held),
-        and each tick renews every lock that would fall due before the next
-        one: locks taken at different moments then share one round trip per
-        node instead of each costing its own.
-
-        The locks are looked at outside the mutex, and every
-        :data:`PAUSE_EVERY` locks the thread lets others run: thousands of
-        locks held in a gevent worker never hold its event loop for long.
+        A common tick (a third of the shortest ttl) renews every lock due before the next one,
+        so locks share a round trip. Pausing every :data:`PAUSE_EVERY` locks, outside the
+        mutex, keeps thousands of locks from holding a gevent loop.
         """
         self.rounds += 1
         with self._mutex:
             now = _clock.monotonic()
             held_now = list(self._held.values())
-        # Strong references for this round: a weakly held lock collected
-        # meanwhile is renewed once more at most. Parallel lists, not pairs:
-        # thousands of tuples kept for the round would only feed the
-        # garbage collector's full collections, each a stall of its own.
+        # Strong references for this round. Parallel lists, not pairs: thousands of tuples
+        # would feed the garbage collector's full collections, each a stall.
         active: list[HeldLock] = []
         active_locks: list[Renewable] = []
         dropped: list[HeldLock] = []
@@ -239,13 +215,10 @@ class Heartbeat:
         return max(next_wake, 0.001)
 
     def _idle_wait(self, now: float) -> float:
-        """Seconds to sleep while no lock is held (called under the mutex).
+        """Seconds to sleep while no lock is held (under the mutex).
 
-        Short tasks come and go between ticks. The thread keeps its tick for
-        a while when idle, so that the next task's lock falls due after it
-        and :meth:`hold` need not wake the thread: a wake-up per task is a
-        thread switch per task. After ``IDLE_DORMANT`` seconds without locks
-        it sleeps until woken.
+        Keeping the tick a while lets the next short task's lock fall due after it, so
+        :meth:`hold` need not wake the thread; after ``IDLE_DORMANT`` s it sleeps until woken.
         """
         if self._next_tick == 0.0:
             return IDLE_DORMANT
@@ -321,8 +294,7 @@ _create_lock = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
-    # The parent's thread does not exist here, and its mutex may have been
-    # held by another parent thread at the fork.
+    # The parent's thread is gone here, and its mutex may have been held at the fork.
     global _process_heartbeat, _create_lock
     _process_heartbeat = None
     _create_lock = threading.Lock()

@@ -1,15 +1,8 @@
 """Renewal of many held locks and slots at once: one pipelined round trip per node.
 
-Each lease supplies its part of a script call and applies its own outcome
-(:class:`~.renewal.Renewable`); this module only batches the calls and
-counts the nodes' answers.
-
-A renewal writes a missing copy only once a majority confirmed, in the same
-round, that they still hold it (:func:`place`): the renewal itself never
-places, so a lock freed on every node (a worker's main process frees a
-killed pool process's locks while that process may still be renewing) is
-never written anywhere again. A round costs a second round trip only when a
-node answered without a renewed lock's key (it came back empty).
+Missing copies are written by a second call (:func:`place`), only after a majority confirmed:
+a lock freed everywhere while a killed process still renews is never written back
+(docs/reliability.md, "Renewal restores missing copies").
 """
 
 from __future__ import annotations
@@ -31,8 +24,7 @@ logger = logging.getLogger("celery_redlock.lock")
 
 #: Locks per renew.lua call: each call stays well under a millisecond on a node.
 _RENEW_CHUNK = 200
-#: Seconds a node gets to renew each lock of a batch, beyond the node timeout
-#: (a node renews about a lock per 2 µs; ten times that leaves room for load).
+#: Seconds per lock of a batch beyond the node timeout (ten times a node's 2 µs per lock).
 _RENEW_ALLOWANCE = 20e-6
 
 
@@ -45,20 +37,10 @@ def _load(scripts: Sequence[Call]) -> list[Call | Command]:
 def renew(redlock: LockNodes, leases: Sequence[Renewable]) -> list[str]:
     """Extend many held locks and slots of ``redlock`` at once: one pipelined round trip per node.
 
-    Each is renewed to its own ttl, with the rules of :meth:`Lock.extend` (a
-    node that answered without the key of a lock a majority renewed gets it
-    back, by a second call: :func:`place`), except that a lock is not given
-    up while its validity lasts merely because too few nodes *answered*.
-    Returns, per lease, ``RENEWED``; ``LOST`` (expired, or fewer than a
-    majority can still hold it: it has been given up, and its
-    ``lost_reason`` says why); ``UNREACHABLE`` (too few nodes answered,
-    still valid: try again soon); or ``BUSY`` (another thread is extending
-    or releasing it right now).
-
-    Leases go to the nodes a few hundred per script call (``renew.lua``;
-    semaphore slots, ``semaphore_renew.lua``), all calls in one pipeline per
-    node, led by a ``SCRIPT LOAD`` so that a node that lost its script cache
-    (a restart, ``SCRIPT FLUSH``) needs no second round trip.
+    The rules of :meth:`Lock.extend`, except that too few answers keep a valid lease. Returns
+    per lease ``RENEWED``, ``LOST`` (given up; see its ``lost_reason``), ``UNREACHABLE`` (retry
+    soon) or ``BUSY`` (another thread is extending or releasing it). The pipeline starts with
+    ``SCRIPT LOAD``, so a node that lost its scripts needs no second round trip.
     """
     outcomes = [BUSY] * len(leases)
     taken: list[int] = []
@@ -111,10 +93,8 @@ def renew(redlock: LockNodes, leases: Sequence[Renewable]) -> list[str]:
 def place(redlock: LockNodes, renewed: Sequence[tuple[Renewable, int, Collection[int]]]) -> int:
     """Write renewed leases where they were missing: one round trip; return the copies placed.
 
-    ``renewed``: each lease a majority has just confirmed holding, its ttl
-    (ms), and the indexes of the nodes that answered without it. The
-    renewal scripts with ``place`` ``"1"``: ``SET NX PX`` (a free slot
-    taken), never over another owner's value. Nothing to place: no round trip.
+    ``renewed``: leases a majority just confirmed, their ttl (ms), and the nodes lacking them.
+    ``SET NX`` never overwrites another owner's value.
     """
     pipelines: list[list[Call | Command]] = []
     most = 0
@@ -141,11 +121,7 @@ def place(redlock: LockNodes, renewed: Sequence[tuple[Renewable, int, Collection
 def _calls(
     leases: Sequence[Renewable], groups: dict[tuple[LuaScript, int], list[int]], placing: str
 ) -> tuple[list[Call], list[tuple[list[int], int]]]:
-    """The script calls for ``groups`` (positions in ``leases`` by script and ttl).
-
-    ``placing``: the scripts' ``place`` argument. Returns the calls, and for
-    each the positions it covers and their ttl (ms).
-    """
+    """The script calls for ``groups``, and for each its positions in ``leases`` and ttl (ms)."""
     calls: list[Call] = []
     chunks: list[tuple[list[int], int]] = []
     for (script, ttl_ms), positions in groups.items():
@@ -174,11 +150,7 @@ def _settle(
     outcomes: list[str],
     lacking: dict[int, tuple[int, list[int]]],
 ) -> None:
-    """Decide the outcome of each lease of one script call.
-
-    Adds to ``lacking`` each lease that some node answered without: its ttl
-    (ms) and those nodes' indexes.
-    """
+    """Decide each lease of one script call; add to ``lacking`` those some node lacks."""
     ttl = ttl_ms / 1000.0
     failures = {
         node.name: answer

@@ -1,32 +1,9 @@
 """Semaphore: at most ``limit`` holders of one name across a Redlock's nodes.
 
-A semaphore of limit ``L`` is ``L`` numbered slots, and each slot is a lock
-in the Redlock sense: a holder holds *one* slot number, on a majority of the
-nodes, within a validity measured like a lock's (``ttl - elapsed - drift``
-on the monotonic clock). Two holders of the same slot number would need two
-majorities, which share a node, and a node holds each slot number for one
-value at a time; so at most ``L`` holders are valid at any moment. (Counting
-members per node is not enough: with 3 nodes and limit 2, three holders
-each on a different pair of nodes leave every node with 2 members.)
-
-On each node, the slots are a hash (slot number -> holder value) and a
-sorted set (slot number -> expiry in the node's own time, ``TIME``); the
-acquire script removes expired slots first, then takes the lowest free slot,
-so that nodes in the same state hand out the same number and one round trip
-decides in the common case. When the nodes disagree (holders racing), the
-client picks a slot number free or already held on a majority and asks for
-it by number in one more round trip. Every try that fails is undone on every
-node that granted it or did not answer.
-
-Waiters queue on every node in ticket order (the first node time a waiter
-was seen, then the same ticket everywhere), and a node grants a slot only to
-a caller with fewer waiters ahead of it than free slots: a newcomer never
-overtakes a waiter, and a waiter is served once those ahead of it are. A
-release announces itself on the semaphore's channel, so waiters wake at once.
-
-This module decides what a holder does (wait, keep, give up); the calls to
-the nodes and the rules that decide an attempt are in :mod:`.semaphore_slots`. See
-docs/flow-control.md, *Semaphore*, for the rules and the proof.
+``L`` numbered slots, each a Redlock lock: a holder holds one slot number on a majority, so
+two holders of one number would share a node (counting members per node is not enough).
+Waiters queue in ticket order on every node. This module decides what a holder does; the
+node calls are :mod:`.semaphore_slots`'. Rules and proof: docs/flow-control.md, "Semaphore".
 """
 
 from __future__ import annotations
@@ -56,8 +33,7 @@ logger = logging.getLogger("celery_redlock.semaphore")
 class Semaphore(Lease):
     """At most ``limit`` holders of one name at once; reusable, each acquisition fresh.
 
-    Acquired, extended, released and used as a context manager exactly like
-    a :class:`~celery_redlock.Lock`; create it with :meth:`Redlock.semaphore`.
+    Used exactly like a :class:`~celery_redlock.Lock`; made by :meth:`Redlock.semaphore`.
 
     Example::
 
@@ -128,18 +104,14 @@ class Semaphore(Lease):
 
         Args:
             blocking: wait for a slot (default: the semaphore's ``blocking``).
-            timeout: longest wait, seconds (default: the semaphore's
-                ``timeout``, itself ``None``: as long as it takes).
+            timeout: longest wait, seconds (default: the semaphore's ``timeout``).
 
         Raises:
-            QuorumUnavailable: fewer than a majority of the nodes answered
-                (the only attempt, or 3 in a row of a blocking acquire).
+            QuorumUnavailable: no majority answered (the only attempt, or 3 in a row).
             ConfigurationError: a bad timeout, or a timeout with ``blocking=False``.
             RedlockError: this object already holds a slot.
 
-        A waiter joins the semaphore's queue on every node and is woken by
-        the next release; a newcomer never takes a slot a waiter ahead of it
-        is owed.
+        A waiter queues on every node; a newcomer never takes a slot owed to a waiter.
         """
         if blocking is None:
             blocking = self.blocking
@@ -190,15 +162,10 @@ class Semaphore(Lease):
     # -- extend and release ---------------------------------------------------------
 
     def extend(self, ttl: float | None = None) -> None:
-        """Reset the held slot's time to live to ``ttl`` (default: the semaphore's ttl).
-
-        The rules of :meth:`Lock.extend`: a majority must confirm within the
-        current validity; once they have, nodes that answered with the slot
-        free get it back.
+        """Reset the held slot's ttl (default: the semaphore's), as :meth:`Lock.extend` does.
 
         Raises:
-            LockLost: the slot had expired, or fewer than a majority still hold
-                it; it has been given up everywhere.
+            LockLost: expired, or a majority no longer holds it; given up everywhere.
             QuorumUnavailable: too few nodes answered to tell; the slot is kept.
         """
         new_ttl = self.ttl if ttl is None else self._checked_ttl(ttl)
@@ -250,13 +217,7 @@ class Semaphore(Lease):
         )
 
     def release(self) -> bool:
-        """Give the slot up on every node and wake waiters.
-
-        Returns ``True`` when the slot was still ours (held by a majority, or
-        valid by the clock with too few nodes answering to say otherwise),
-        ``False`` when it was lost or never held (see :attr:`lost_reason`).
-        Calling it again is harmless.
-        """
+        """Give the slot up on every node and wake waiters; as :meth:`Lock.release`."""
         with self._mutex:
             value, slot = self._value, self._slot
             if value is None or slot is None:

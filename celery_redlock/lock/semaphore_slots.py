@@ -1,14 +1,7 @@
 """One semaphore's slots on the nodes: the script calls, one acquisition attempt, and its rules.
 
-:class:`Slots` talks to the nodes for one :class:`~celery_redlock.Semaphore`
-(its keys, limit and ttl); the semaphore decides what to do with the
-answers (wait, keep, give up). The rules that decide an attempt from the
-nodes' answers are plain functions: :func:`agreed` (a majority granted one
-slot number), :func:`target` (the slot number to settle on when they
-disagree) and the ``enough`` predicates that let a fan-out stop early.
-
-Key layout and value format: :mod:`.._layout` (``SemaphoreKeys``,
-``LockValue``); the scripts are ``scripts/semaphore_*.lua``.
+:class:`Slots` makes the calls (``scripts/semaphore_*.lua``); the rules that decide an attempt
+(:func:`agreed`, :func:`target`, :func:`decided`) are plain functions.
 """
 
 from __future__ import annotations
@@ -51,8 +44,8 @@ RELEASE_OWNER = load("semaphore_release_owner")
 
 #: Largest limit (the scripts refuse more).
 MAX_LIMIT = 100000
-#: A waiter's queue entry lapses unless renewed within this many retry delays
-#: (and at least a second): a waiter that died stops holding others back.
+#: A queue entry lapses unless renewed within this many retry delays (at least a second),
+#: so a dead waiter stops holding others back.
 _WAIT_DELAYS = 5
 _MIN_WAIT = 1.0
 
@@ -223,10 +216,8 @@ class Slots:
             if held is not None and held != kept:
                 calls[index] = [self.release_call(held, value, waiter=waiter)]
             elif index in answers.silent and kept is None:
-                # It may have granted after we stopped listening. (After a
-                # success, a stray grant there lies on a minority of the
-                # nodes and expires unrenewed; undoing it would cost a round
-                # trip to a node that is likely down.)
+                # It may have granted late. After a success, such a stray grant lies on a
+                # minority and expires; undoing it would cost a trip to a node likely down.
                 calls[index] = [self.release_call(-1, value)]
             elif held is None and waiter and index not in answers.silent:
                 calls[index] = [self.release_call(-1, "", waiter=waiter)]
@@ -242,11 +233,7 @@ class Slots:
     # -- held slots --------------------------------------------------------------------
 
     def extend(self, slot: int, value: str, ttl: float) -> Tally:
-        """Reset a held slot's ttl where held; count the answers (a free slot: ``lacking``).
-
-        Nothing is placed here: the semaphore puts the slot back where it was
-        free once a majority confirmed (:func:`.renewal_batch.place`).
-        """
+        """Reset a held slot's ttl where held; count the answers (a free slot: ``lacking``)."""
         redlock = self.redlock
         keys = (self.keys.holders, self.keys.expiry)
         call = Call(RENEW, keys, (to_ms(ttl), "0", slot, value))
@@ -317,11 +304,10 @@ def agreed(answers: Answers, quorum: int) -> int | None:
 
 
 def target(answers: Answers, quorum: int) -> int | None:
-    """The slot number to settle on when no number has a majority yet, if one can.
+    """The slot to settle on when none has a majority: most supported, lowest among equals.
 
-    A node supports a slot it granted us or could grant us (its free slots,
-    reported only when it would serve us); the slot with the most support
-    wins, the lowest number among equals, provided a majority supports it.
+    A node supports the slot it granted us and those it could (its free slots); a majority
+    must support the winner.
     """
     support: dict[int, int] = {}
     for index, free in answers.free.items():
