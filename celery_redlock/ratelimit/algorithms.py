@@ -1,9 +1,7 @@
 """The limiter's algorithms: their names and what each can represent.
 
-Each algorithm is a branch of one script, ``scripts/ratelimit_hit.lua``, so
-that limits using different algorithms can be decided in one atomic call.
-Their guarantees are described in :mod:`celery_redlock.ratelimit` and
-``docs/rate-limiting.md``.
+Each is a branch of ``scripts/ratelimit_hit.lua``, so limits of different algorithms are
+decided in one atomic call.
 """
 
 from __future__ import annotations
@@ -32,14 +30,11 @@ ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
 #: Used when neither the call nor the limiter names one.
 DEFAULT_ALGORITHM: Algorithm = ALGORITHMS[0]
 
-#: The shortest interval between two units gcra spaces, seconds. The server
-#: clock counts microseconds, so an admission can come up to 1 µs after its
-#: slot; at 100 µs per unit that costs at most 1 % of the rate.
+#: Shortest gcra spacing, seconds: an admission may come 1 µs late (the server counts µs),
+#: which at 100 µs per unit costs at most 1 % of the rate.
 MIN_GCRA_INTERVAL = 0.0001
 
-#: The shortest interval of the pace that gives a fractional fixed or sliding
-#: limit its long-run average, seconds (the pace allows bursts, so late
-#: arrivals lose nothing).
+#: Shortest interval of the pace that gives a fractional fixed or sliding limit its average, s.
 MIN_PACE_INTERVAL = 0.000001
 
 
@@ -60,10 +55,7 @@ def check_rate_for(rate: Rate, algorithm: Algorithm, option: str) -> None:
 
 
 def rate_problem_for(rate: Rate, algorithm: Algorithm) -> tuple[str, str] | None:
-    """Why ``algorithm`` cannot keep ``rate``: ``("limit" or "period", problem)``, or ``None``.
-
-    The rate's general bounds are checked by :func:`~celery_redlock.ratelimit.rates.check_rate`.
-    """
+    """Why ``algorithm`` cannot keep ``rate``: ``("limit" or "period", problem)``, or ``None``."""
     if algorithm == "gcra" and rate.interval < MIN_GCRA_INTERVAL:
         return "limit", (
             f"{rate} spaces units {rate.interval * 1e6:.3g} µs apart; gcra needs at least "

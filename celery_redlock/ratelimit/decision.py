@@ -16,20 +16,15 @@ class LimitDecision:
     """What one limit of a decision said.
 
     Attributes:
-        key: the limit's key.
-        algorithm: the algorithm that kept it.
-        limit: units per period in force (an override's, when ``overridden``).
-        period: seconds, in force.
-        allowed: this limit alone would admit the hit.
-        remaining: units the limit still has room for (after this hit, if counted).
+        limit: units per period in force, and ``period`` (seconds): an override's if
+            ``overridden``.
+        remaining: room left (after this hit, if counted).
         retry_after: seconds until this limit would admit the hit; ``0.0`` if it does.
         reset_after: seconds until the limit holds no state.
-        overridden: an override set at run time replaced the configured rate.
-        budget: the separate budget of the limit that was counted, if any.
-        adapted: the adaptive law holds the rate in force under the configured one.
+        budget: the separate budget that was counted, if any.
+        adapted: the adaptive law holds the rate under the configured one.
         paused: the key is paused (``limiter.refused``, ``limiter.pause``).
-        raised: this decision found the adaptive rate one or more steps higher
-            (one decision in the fleet sees each step).
+        raised: this decision found the adaptive rate raised (one decision sees each step).
     """
 
     key: str
@@ -51,25 +46,19 @@ class LimitDecision:
 class RateLimitDecision:
     """What the limiter decided about one hit (or, for ``peek``, would decide).
 
-    A hit against several limits is admitted only if every limit admits it,
-    and then counted in all of them; the first five fields sum the limits up.
+    Admitted only if every limit admits; the first five fields sum the limits up.
 
     Attributes:
-        allowed: the hit was admitted (and counted, unless it was a peek or
-            ``checked`` is false).
+        allowed: admitted (and counted, unless a peek or not ``checked``).
         limit: units per period of the limit with the least room left.
-        remaining: units every limit still has room for (the smallest room).
-        retry_after: seconds until a hit of the same cost could be admitted by
-            every limit; ``0.0`` when allowed. A good ``countdown`` for a
-            retried task.
-        reset_after: seconds until no limit holds state and every full limit
-            is available again; ``0.0`` when none holds any now.
+        remaining: the smallest room left among the limits.
+        retry_after: seconds until every limit could admit a hit of this cost; ``0.0`` when
+            allowed. A good ``countdown`` for a retried task.
+        reset_after: seconds until no limit holds state; ``0.0`` when none does.
         limits: each limit's own decision, in the order given.
-        checked: false when no Redis answered and the limiter was told to
-            admit unchecked hits (``on_unavailable="allow"``): the hit was
-            admitted and counted nowhere.
-        node: the Redis that decided (the fallback's name after a failover);
-            ``None`` when unchecked.
+        checked: false when no Redis answered and ``on_unavailable="allow"`` admitted the hit
+            uncounted.
+        node: the Redis that decided (the fallback after a failover); ``None`` if unchecked.
     """
 
     allowed: bool

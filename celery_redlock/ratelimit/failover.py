@@ -1,11 +1,8 @@
 """Which Redis the limiter asks, how, and what it tells the log when one stops or starts answering.
 
-A limiter has a primary Redis and, optionally, a fallback. Each decision goes
-to the first of them that is answering; a node that fails is marked down and
-the change is logged once (and once again when it answers), never per call.
-A node that failed by *timing out* is not asked again for ``retry_interval``
-seconds, so a paused server does not cost every decision a node timeout; a
-node that refuses connections is asked on every call, which costs nothing.
+Each decision goes to the first answering of a primary and an optional fallback; going down and
+coming back are logged once each. A node that *timed out* is skipped for ``retry_interval``,
+so a paused server does not cost every decision a timeout; a refusing one costs nothing.
 """
 
 from __future__ import annotations
@@ -33,14 +30,9 @@ logger = logging.getLogger("celery_redlock.ratelimit")
 
 @dataclass(frozen=True, slots=True)
 class NodeStatus:
-    """One of the limiter's Redis servers, as this process last found it.
+    """One of the limiter's Redis servers (``role``: primary or fallback), as last found.
 
-    Attributes:
-        node: the server's display name (password removed).
-        role: ``"primary"`` or ``"fallback"``.
-        answering: whether its last decision succeeded (true until one fails).
-        down_for: seconds since it stopped answering; ``None`` while answering.
-        error: why its last decision failed; ``None`` while answering.
+    ``down_for`` (seconds) and ``error`` are ``None`` while ``answering``.
     """
 
     node: str
@@ -67,8 +59,7 @@ class Routes:
     Args:
         nodes: the primary, then the fallback if any.
         retry_interval: seconds a node that timed out is left alone.
-        node_timeout: the limiter's timeout (a failure that took most of it
-            was a timeout).
+        node_timeout: the limiter's timeout (a failure taking half of it was a timeout).
         when_down: what decisions do while no node answers, for the log.
     """
 
@@ -217,8 +208,7 @@ class Routes:
         return f"{self._when_down} until a Redis answers again"
 
 
-# A child forked while another thread held a Routes lock would wait on it
-# forever: each child starts with fresh locks.
+# A child forked while a thread held a Routes lock would wait forever: fresh locks in the child.
 _every_routes: weakref.WeakSet[Routes] = weakref.WeakSet()
 
 

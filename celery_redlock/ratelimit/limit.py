@@ -1,13 +1,6 @@
 """Limits as a hit names them: a key, a rate (or a function giving one) and an algorithm.
 
-``hit`` and ``peek`` accept three forms, all turned into :class:`Limit`
-objects here and checked before anything is sent:
-
-* ``hit("api:acme", 100, 60.0)``: a key, a limit and a period in seconds;
-* ``hit("api:acme", "100/m")``: a key and a rate (text, :class:`Rate`, a number
-  per second, or a callable returning one for the key);
-* ``hit([("api:acme", "10/s"), Limit("global", "50000/d", "fixed")])``:
-  several limits, all of which must admit the hit.
+Every form ``hit`` accepts becomes :class:`Limit` objects here, checked before anything is sent.
 """
 
 from __future__ import annotations
@@ -47,15 +40,9 @@ _BUDGET = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 class Limit:
     """One limit: ``rate`` on ``key``, kept by ``algorithm`` (the limiter's default if None).
 
-    ``rate`` is anything :func:`~celery_redlock.ratelimit.rates.parse_rate` reads
-    (``"10/s"``, ``"2.5/m"``, ``"50000/d"``, a :class:`Rate`, a number per
-    second) or a callable ``rate(key)`` evaluated on every decision.
-
-    ``budget`` names a separate count of the same limit: the same key, rate
-    and run-time override, but units counted apart from the limit's own
-    (and from every other budget's). Celery tasks use ``"publish"`` for
-    beat's publishes, so that a tick counted when beat sends it is counted
-    again, in the limit's own budget, when its run starts.
+    ``rate``: ``"10/s"``, ``"2.5/m"``, a :class:`Rate`, a number per second, or a callable
+    ``rate(key)`` evaluated on every decision. ``budget`` counts units apart from the limit's
+    own under the same rate and override (tasks count beat's publishes in ``"publish"``).
 
     Example::
 

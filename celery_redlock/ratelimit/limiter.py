@@ -46,34 +46,23 @@ class RateLimiter:
     """Rate limits shared by every process that uses the same Redis.
 
     Args:
-        client_or_url: where the counters live: a ``redis://``, ``rediss://``
-            or ``unix://`` URL, or a ``redis.Redis`` client (its settings are
-            copied; its own pool is left alone).
+        client_or_url: where the counters live: a ``redis://``, ``rediss://`` or ``unix://``
+            URL, or a ``redis.Redis`` client (settings copied, its pool left alone).
         key_prefix: prepended to every key the limiter writes.
-        algorithm: ``"sliding"`` (default), ``"gcra"`` or ``"fixed"``: the
-            algorithm of limits that name none (see :mod:`celery_redlock.ratelimit`).
-        node_timeout: longest wait for one Redis per decision, seconds.
-            Longer than a lock's by default: a decision has no validity window
-            to protect, so waiting only delays, while a short timeout would
-            turn a merely busy server into errors.
-        margin: seconds added to every window of ``sliding`` and ``gcra``
-            limits (not ``fixed``). A caller that compares the times its
-            admitted work *starts* (a task's first line, a few milliseconds
-            after the decision) sees the limit kept as long as those delays
-            differ by less than ``margin``; the rate becomes
-            ``limit / (period + margin)``.
-        fallback: a second Redis (URL or client) that decides while the first
-            does not answer. Its counts are its own: limits start again there
-            from what it holds, and start again on the first when it answers.
-        on_unavailable: what a decision does when no Redis answers:
-            ``"raise"`` :class:`~celery_redlock.errors.RateLimiterUnavailable`
-            (default, fail closed), or ``"allow"`` the hit, counted nowhere,
-            with ``decision.checked`` false (fail open).
-        retry_interval: seconds a Redis that timed out is left alone before
-            it is asked again (one that refuses connections is asked every time).
+        algorithm: ``"sliding"`` (default), ``"gcra"`` or ``"fixed"``, for limits naming none.
+        node_timeout: longest wait for one Redis per decision, seconds; longer than a lock's,
+            as a decision has no validity to protect and a short one turns a busy server
+            into errors.
+        margin: seconds added to every ``sliding`` and ``gcra`` window, so a caller timing
+            when work *starts* still sees the limit kept (docs/rate-limiting.md, "Margin").
+        fallback: a second Redis that decides while the first does not answer; its counts
+            are its own.
+        on_unavailable: with no Redis answering, ``"raise"``
+            :class:`~celery_redlock.errors.RateLimiterUnavailable` (default), or ``"allow"``
+            the hit uncounted, ``decision.checked`` false.
+        retry_interval: seconds a Redis that timed out is left alone.
 
-    The first failure of a Redis and its recovery are each logged once, on
-    the ``celery_redlock.ratelimit`` logger; :meth:`status` tells the same.
+    A Redis failing and recovering is logged once each (``celery_redlock.ratelimit``).
 
     Example::
 
@@ -84,8 +73,7 @@ class RateLimiter:
             raise errors.RateLimited("api:acme is over its limit", key="api:acme",
                                      retry_after=decision.retry_after)
 
-    Safe to share between threads, and across ``fork()``: a child process
-    opens connections of its own.
+    Safe to share between threads; after ``fork()`` a child opens its own connections.
     """
 
     def __init__(
@@ -148,22 +136,18 @@ class RateLimiter:
     ) -> RateLimitDecision:
         """Count a hit of ``cost`` units if every limit named admits it.
 
-        One atomic script call, one round trip, whatever the number of limits,
-        the cost or the limit: a refused hit changes nothing in any limit, an
-        admitted one is counted in all of them.
+        One atomic call: a refused hit changes nothing in any limit.
 
         Args:
-            key: a limit's key (then ``limit`` and ``period`` say the rate), a
-                :class:`~celery_redlock.ratelimit.Limit`, or a list of limits
-                and ``(key, rate[, algorithm])`` tuples, all of which must admit
-                the hit (at most 16, each key once).
-            limit: with a single key: units per ``period`` (fractions allowed),
-                or, without ``period``, a rate such as ``"100/m"`` or a callable
-                ``rate(key)`` evaluated now.
+            key: a limit's key (``limit`` and ``period`` then say the rate), a
+                :class:`~celery_redlock.ratelimit.Limit`, or a list of limits and
+                ``(key, rate[, algorithm])`` tuples (at most 16, each key once).
+            limit: with a single key: units per ``period`` (fractions allowed), or without
+                ``period`` a rate such as ``"100/m"`` or a callable ``rate(key)``.
             period: the window, seconds (1 ms to 366 days), with a numeric ``limit``.
             cost: units this hit takes, a whole number from 1 to the smallest limit.
-            algorithm: for limits that name none; else the limiter's. Each
-                algorithm keeps its own state, so use one per key.
+            algorithm: for limits that name none (default: the limiter's); each algorithm
+                keeps its own state, so use one per key.
 
         Raises:
             ConfigurationError: a bad argument (also a ``ValueError``).
@@ -199,9 +183,7 @@ class RateLimiter:
     def reset(self, key: str, *, budget: str | None = None) -> None:
         """Forget the state of ``key`` under every algorithm: its full limit is available.
 
-        Done on every Redis of the limiter (primary and fallback); an override
-        stays (see :meth:`clear_override`). With ``budget``, that budget of
-        the limit is reset instead of the limit's own.
+        On every Redis of the limiter; an override stays. ``budget``: reset that budget instead.
 
         Example::
 
@@ -217,11 +199,9 @@ class RateLimiter:
     def set_override(self, key: str, rate: Any, *, ttl: float) -> RateOverride:
         """Make ``rate`` the limit of ``key`` for ``ttl`` seconds, in every process at once.
 
-        Every decision on ``key`` reads the override in its own script call,
-        so workers need no restart. It is written to every Redis of the
-        limiter and expires after ``ttl`` (at most 366 days; set it again to
-        keep it). Its period must be whole milliseconds and it may allow at
-        most 10,000 units per second, so that every algorithm can use it.
+        Read by each decision's own script call, so workers need no restart. Expires after
+        ``ttl`` (at most 366 days). Whole-millisecond periods and at most 10,000 units per
+        second, so every algorithm can use it.
 
         Example::
 
@@ -239,17 +219,11 @@ class RateLimiter:
         return clear_override(self._routes, self._keys, key)
 
     def get_override(self, key: str) -> RateOverride | None:
-        """The override in force for ``key``, or ``None``.
-
-        Read from the Redis that decides now (the primary unless it is down).
-        """
+        """The override in force for ``key`` on the Redis that decides now, or ``None``."""
         return get_override(self._routes, self._keys, key)
 
     def overrides(self) -> list[RateOverride]:
-        """Every override in force, sorted by key (for ``check`` and admin tools).
-
-        Read from the Redis that decides now, with ``SCAN`` (it does not block the server).
-        """
+        """Every override in force on the deciding Redis, sorted by key (read with ``SCAN``)."""
         return overrides(self._routes, self._keys)
 
     # -- what the service behind a limit said ------------------------------------
@@ -259,12 +233,9 @@ class RateLimiter:
     ) -> Backoff:
         """The service a limit protects refused a call: pause the key, lower an adaptive rate.
 
-        Every decision on the key (every process, beat's publishes too) is
-        refused until ``retry_after`` seconds from now (``None``: one interval
-        of the rate in force); a pause already longer stays as it is. With
-        ``adapt``, the rate in force is lowered by the adaptive law
-        (:mod:`~celery_redlock.ratelimit.rate_overrides`), unless it was lowered
-        less than one period ago. Written to the Redis that decides now.
+        Every decision on the key, everywhere, is refused for ``retry_after`` seconds
+        (``None``: one interval of the rate; a longer pause stays). ``adapt`` lowers the rate
+        by the adaptive law, at most once per period (docs/rate-limiting.md, "Adaptive rates").
 
         Example::
 
@@ -299,10 +270,8 @@ class RateLimiter:
     def state_key(
         self, key: str, algorithm: Algorithm | None = None, *, budget: str | None = None
     ) -> str:
-        """The Redis key holding the state of ``key`` under ``algorithm``.
+        """The Redis key holding ``key``'s state, for ``redis-cli``.
 
-        ``<key_prefix>{<key>}:<algorithm>`` (``<key_prefix>{<key>}:<budget>:<algorithm>``
-        for a budget), for inspecting a limit with ``redis-cli``. Example:
         ``limiter.state_key("api:acme")`` is ``"redlock:rate:{api:acme}:sliding"``.
         """
         name = self.algorithm if algorithm is None else check_algorithm(algorithm)

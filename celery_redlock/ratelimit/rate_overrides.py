@@ -1,21 +1,9 @@
 """Run-time overrides: rates stored in Redis that replace a limit's configured one.
 
-Two kinds, both read by ``ratelimit_hit.lua`` in the same call that decides
-the hit, so a change reaches every worker at its next decision, with no
-restart and no extra round trip:
-
-* an operator's :class:`RateOverride` (``set_override``), which always
-  expires (its ``ttl``; set it again to keep it);
-* a :class:`Backoff`, written when the service behind a limit refused a call
-  (``RateLimiter.refused``) or by an operator (``pause``): a pause, and for
-  an adaptive limit the rate in force under the configured one, which climbs
-  back by the law below. It expires once the pause is over and the rate is
-  back at the limit.
-
-The adaptive law, with the configured (or overridden) rate as its ceiling
-``C`` per period ``P`` (``ratelimit_refused.lua`` and ``ratelimit_hit.lua``
-apply it on the server; :func:`lowered` and :meth:`Backoff.in_force` are the
-same in Python)::
+An operator's :class:`RateOverride` and a :class:`Backoff` (a pause, and an adaptive limit's
+lowered rate) are read by ``ratelimit_hit.lua`` in the deciding call: every worker follows at
+its next decision, with no extra round trip. The adaptive law, ceiling ``C`` per period ``P``
+(the Lua scripts apply it; :func:`lowered` and :meth:`Backoff.in_force` mirror it)::
 
     on a refusal at t, unless t is less than P after the end of the pause
     that the last decrease set (or, without a pause, the decrease itself):
@@ -28,10 +16,7 @@ same in Python)::
         n >= RECOVER:  top * (1 + PROBE * (n - RECOVER) ** 3)
     at most C, never below the hit's cost
 
-The shape is TCP CUBIC's: fast back toward the rate the service refused (M),
-settling just under it (top: one unit fewer in a window, or 5 % less), then
-probing beyond it slowly at first and fast once far beyond, so a limit that
-was raised is found again within a few periods.
+TCP CUBIC's shape: docs/rate-limiting.md, "Adaptive rates".
 """
 
 from __future__ import annotations
@@ -94,14 +79,7 @@ FLOOR = 0.01
 
 @dataclass(frozen=True, slots=True)
 class RateOverride:
-    """A rate set at run time for one limit key.
-
-    Attributes:
-        key: the limit's key.
-        rate: the rate in force instead of the configured one.
-        text: the rate as it was written when set.
-        ttl: seconds until the override expires and the configured rate applies again.
-    """
+    """A rate set at run time for one limit key; ``text`` as written, ``ttl`` seconds left."""
 
     key: str
     rate: Rate
@@ -116,8 +94,7 @@ class Backoff:
     Attributes:
         key: the limit's key.
         paused_for: seconds until hits are admitted again (``0.0``: not paused).
-        learned: units per second the last decrease set, ``None`` if the
-            adaptive law never lowered this key (or it is back at its ceiling).
+        learned: units per second the last decrease set; ``None`` if never lowered (or back).
         peak: units per second the service refused at that decrease.
         since: seconds since that decrease (``None`` with ``learned``).
         ttl: seconds until the backoff expires.
@@ -150,9 +127,7 @@ class Backoff:
 def lowered(ceiling: Rate, in_force: float, admitted: float | None = None) -> tuple[float, float]:
     """The rate the service refused and the rate in force after it (units per period).
 
-    ``admitted``: units the limit's window admitted before the refusal
-    (known for ``sliding`` limits), the fleet's real rate then; ``None`` when
-    a pause took part of the window.
+    ``admitted``: what a ``sliding`` window admitted (``None`` if a pause took part of it).
     """
     refused = in_force if admitted is None or admitted <= 0 else min(in_force, admitted)
     return refused, max(FLOOR * ceiling.limit, DECREASE * refused)
@@ -164,9 +139,7 @@ def lowered(ceiling: Rate, in_force: float, admitted: float | None = None) -> tu
 def set_override(routes: Routes, keys: RateKeys, key: str, rate: Any, ttl: Any) -> RateOverride:
     """Write the override on every node; ConfigurationError if ``rate`` or ``ttl`` is bad.
 
-    An override must suit every algorithm, since any may use the key: its
-    period is whole milliseconds (fixed windows) and it allows at most
-    10,000 units per second (gcra).
+    Any algorithm may use the key: whole milliseconds (fixed), at most 10,000/s (gcra).
     """
     check_key(key)
     parsed = parse_rate(rate, option="rate")

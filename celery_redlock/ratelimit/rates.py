@@ -1,24 +1,8 @@
 """Rates in Celery's syntax (``"10/s"``, ``"100/m"``, ``"1000/h"``), plus ``/d`` and ``"5/2s"``.
 
-A rate ``"X/unit"``, for any positive X, means: at most ⌈X⌉ units in any
-window of one unit, and X per unit on average over a long run. ``"2.5/s"`` is
-therefore *not* 5 per 2 s (which would let 5 through within one second): it
-is ``Rate(limit=2.5, period=1.0)``, and each algorithm of the limiter gives
-the fraction its meaning (see :mod:`celery_redlock.ratelimit`).
-
-A rate may also be a callable, evaluated on every decision (a plan per
-tenant, read from a database): :func:`rate_source` wraps it so that what it
-returns is checked like a configured rate.
-
-Bounds, checked when a rate is parsed (values outside them would overflow or
-lose their meaning in Redis, so they are refused rather than rounded):
-
-* the period is between :data:`MIN_PERIOD` (1 ms) and :data:`MAX_PERIOD`
-  (366 days);
-* at most :data:`MAX_LIMIT` units per period and :data:`MAX_RATE` units per
-  second;
-* one unit at least every :data:`MAX_PERIOD` (``"0.001/d"`` is refused: the
-  limiter would have to remember a hit for almost three years).
+``"X/unit"`` means at most ⌈X⌉ in any one-unit window and X per unit on average: ``"2.5/s"``
+is not 5 per 2 s (which lets 5 through within one second). Rates outside the bounds below
+would overflow or lose their meaning in Redis, so they are refused, not rounded.
 """
 
 from __future__ import annotations
@@ -68,10 +52,7 @@ _UNIT = re.compile(r"(?P<span>\d+(?:\.\d+)?)?\s*(?P<unit>[smhd])")
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """At most ``limit`` units per ``period`` seconds.
-
-    ``limit`` is an ``int`` when whole and a ``float`` otherwise (``2.5``).
-    """
+    """At most ``limit`` units (an ``int`` when whole) per ``period`` seconds."""
 
     limit: int | float
     period: float
@@ -108,11 +89,8 @@ RateSpec: TypeAlias = "RateLike | Callable[[str], RateLike] | DynamicRate"
 def parse_rate(value: Any, option: str = "global_rate_limit") -> Rate:
     """Read a rate written the way Celery's ``rate_limit`` is, plus ``/d`` and a period count.
 
-    ``"100/m"`` is 100 per 60 s; ``"10"``, ``10`` and ``"10/s"`` are 10 per
-    second; ``"50000/d"`` is 50,000 per day; ``"5/2s"`` is 5 per 2 s;
-    ``"2.5/s"`` is ``Rate(2.5, 1.0)``: at most 3 in any second, 2.5 per second
-    on average. Bad values raise
-    :class:`~celery_redlock.errors.ConfigurationError` naming ``option``.
+    ``"10"``, ``10`` and ``"10/s"`` are 10 per second; ``"5/2s"`` is 5 per 2 s. Bad values
+    raise :class:`~celery_redlock.errors.ConfigurationError` naming ``option``.
 
     Example::
 
@@ -169,10 +147,7 @@ def check_rate(rate: Rate, option: str, *, text: Any = None) -> None:
 
 
 def rate_problem(rate: Rate, text: Any = None) -> tuple[str, str] | None:
-    """What is wrong with ``rate``: ``("limit" or "period", problem)``, or ``None``.
-
-    ``text`` is how the rate was written, to quote in the problem.
-    """
+    """What is wrong with ``rate`` (written as ``text``): ``("limit" or "period", problem)``."""
     shown = repr(text if text is not None else str(rate))
     limit, period = rate.limit, rate.period
     if (
@@ -208,20 +183,12 @@ def rate_problem(rate: Rate, text: Any = None) -> tuple[str, str] | None:
 
 @lru_cache(maxsize=1024)
 def micros(seconds: float) -> float:
-    """``seconds`` in microseconds, computed from the decimal the number prints as.
-
-    ``0.0025`` becomes exactly ``2500.0``: no binary noise, and no rounding
-    to whole milliseconds.
-    """
+    """``seconds`` in microseconds from the printed decimal: ``0.0025`` is exactly ``2500.0``."""
     return float(Fraction(repr(float(seconds))) * 1_000_000)
 
 
 class DynamicRate:
-    """A rate computed on every decision: ``function(key)`` returns a rate.
-
-    What the function returns is parsed like a configured rate; a bad value
-    raises ConfigurationError naming the option and the function.
-    """
+    """A rate computed on every decision by ``function(key)``, checked like a configured one."""
 
     __slots__ = ("function", "option")
 
