@@ -1,10 +1,6 @@
 """The one place celery_redlock reads the time.
 
-Only ``time.monotonic`` is used: lock validity never depends on the wall
-clock, so NTP steps and manual clock changes cannot stretch a lock. Tests
-replace :func:`monotonic` (or freeze ``time.monotonic`` around pure logic).
-:func:`pause` is the breather long loops take, so that they hold no gevent
-event loop (or the GIL) for long.
+``time.monotonic`` only, so no wall-clock step can stretch a lock; tests replace :func:`monotonic`.
 """
 
 from __future__ import annotations
@@ -12,8 +8,7 @@ from __future__ import annotations
 import math
 import time as _time
 
-#: Long loops over locks (a renewal round of thousands) call :func:`pause`
-#: every this many locks: about a millisecond of work at a time.
+#: Long loops over locks call :func:`pause` every this many: about a millisecond of work.
 PAUSE_EVERY = 256
 
 
@@ -28,11 +23,7 @@ def drift(ttl: float, factor: float = 0.01) -> float:
 
 
 def validity(ttl: float, started: float, now: float, drift_factor: float = 0.01) -> float:
-    """Seconds a lock taken by an attempt that began at ``started`` stays safe at ``now``.
-
-    ``ttl - (now - started) - drift``. A result <= 0 means the attempt took
-    too long to be trusted: the lock must be treated as not acquired.
-    """
+    """Seconds a lock from an attempt begun at ``started`` stays safe at ``now`` (<= 0: failed)."""
     return ttl - (now - started) - drift(ttl, drift_factor)
 
 
@@ -42,10 +33,5 @@ def to_ms(seconds: float) -> int:
 
 
 def pause() -> None:
-    """Let other threads, and gevent greenlets, run for a moment.
-
-    ``time.sleep(0)`` releases the GIL; under gevent's monkey-patching it
-    yields to the event loop. A long loop calls it every
-    :data:`PAUSE_EVERY` items so that it never holds the loop for long.
-    """
+    """Let other threads and gevent greenlets run: ``sleep(0)`` yields the GIL and the loop."""
     _time.sleep(0)

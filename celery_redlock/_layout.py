@@ -1,8 +1,7 @@
 """Where celery_redlock keeps things in Redis, and how a lock's value is written.
 
-This module is the one place that knows the key layout and the lock value
-format; every other module (the CLI included) asks it, and the Lua scripts
-cite it in their headers. Keys, for a ``key_prefix`` of ``"redlock:"``::
+The one place that knows the key layout and the lock value format; the Lua scripts cite it.
+Keys, for a ``key_prefix`` of ``"redlock:"``::
 
     redlock:{<name>}            a held lock; its value is a LockValue
     redlock:{<name>}:released   pub/sub channel told when the lock is released
@@ -28,17 +27,10 @@ cite it in their headers. Keys, for a ``key_prefix`` of ``"redlock:"``::
     redlock:debounce:{<name>}        a debounced task key's last publish (a hash, on
                                      the rate limiter's Redis; see debounce_record)
 
-Fencing state takes at most :data:`FENCE_BUCKETS` keys per node, however many
-names were ever locked; a bucket holds an integer (microseconds, see
-``celery_redlock/lock/fencing.py``). A lock key and its bucket are in different
-Redis Cluster slots: lock nodes are standalone Redis servers.
-
-A lock value is ``token``, or ``token|task_id|where`` for a lock taken for a
-task, where ``where`` is ``host:pid`` of the process running it, ``queued``
-for a singleton published and not yet started, or ``beat`` for a beat tick.
-A singleton's arguments are not part of its value (scripts and older readers
-match on how the value ends): they are a separate key, ``task_id|text``,
-written with the ttl the singleton's lock is written with.
+A lock key and its fencing bucket are in different Cluster slots: lock nodes are standalone.
+A lock value is ``token``, or ``token|task_id|where`` for a task's (:class:`LockValue`). A
+singleton's arguments are a separate key with the lock's ttl, as scripts match on how a value
+ends.
 """
 
 from __future__ import annotations
@@ -146,10 +138,7 @@ def semaphore_keys(prefix: str, name: str) -> SemaphoreKeys:
 
 
 def semaphore_pattern(prefix: str, name_glob: str) -> str:
-    """A ``SCAN MATCH`` pattern for the holders keys of semaphores matching ``name_glob``.
-
-    Filter the results with :func:`semaphore_name`.
-    """
+    """``SCAN MATCH`` pattern for semaphores matching ``name_glob`` (see :func:`semaphore_name`)."""
     return f"{glob_escape(prefix)}{{{name_glob}}}{_SEMAPHORE}"
 
 
@@ -174,11 +163,7 @@ def ended_key(prefix: str, task_id: str, where: str) -> str:
 
 
 def lock_pattern(prefix: str, name_glob: str) -> str:
-    """A ``SCAN MATCH`` pattern for lock keys whose name matches ``name_glob``.
-
-    It may also match a lock's helper keys and rate-limit state; filter the
-    results with :func:`lock_name`.
-    """
+    """``SCAN MATCH`` pattern for locks matching ``name_glob`` (and more: see :func:`lock_name`)."""
     return f"{glob_escape(prefix)}{{{name_glob}}}"
 
 
@@ -204,20 +189,12 @@ _BACKOFF = ":backoff"
 
 @dataclass(frozen=True, slots=True)
 class RateKeys:
-    """Where rate-limit state lives: ``<prefix>{<key>}:<suffix>``.
-
-    The hash tag ``{<key>}`` keeps every key of one limit in one Redis
-    Cluster slot, whatever the algorithm.
-    """
+    """Where rate-limit state lives: ``<prefix>{<key>}:<suffix>``, one Cluster slot per limit."""
 
     prefix: str
 
     def state(self, key: str, algorithm: str, budget: str | None = None) -> str:
-        """The key holding the state of limit ``key`` under ``algorithm``.
-
-        A ``budget`` names a separate count of the same limit (same key, rate
-        and override): ``<prefix>{<key>}:<budget>:<algorithm>``.
-        """
+        """The key holding the state of limit ``key`` (or of its ``budget``) under ``algorithm``."""
         where = algorithm if budget is None else f"{budget}:{algorithm}"
         return f"{self.prefix}{{{key}}}:{where}"
 
@@ -234,11 +211,7 @@ class RateKeys:
         return f"{self.prefix}{{{key}}}{_BACKOFF}"
 
     def override_pattern(self) -> str:
-        """A ``SCAN MATCH`` pattern for every override key under this prefix.
-
-        It may match other keys whose name ends the same way; filter the
-        results with :meth:`override_key_name`.
-        """
+        """``SCAN MATCH`` pattern for overrides (and more: filter by :meth:`override_key_name`)."""
         return f"{glob_escape(self.prefix)}{{*}}{_OVERRIDE}"
 
     def override_key_name(self, redis_key: str) -> str | None:
@@ -257,22 +230,15 @@ class RateKeys:
 def debounce_record(prefix: str, name: str) -> str:
     """The hash holding the last publish of the debounced key ``name``.
 
-    Fields: ``id`` (task id of the last publish), ``seq`` (its publish
-    sequence: the node's clock in microseconds, strictly increasing per key),
-    ``due`` (microseconds on the node's clock when it may run), and ``prev_*``
-    (the same for the publish before it, restored if the last one's message
-    could not be sent). Written by ``debounce_publish.lua``, read by
-    ``debounce_check.lua``.
+    Fields (``debounce_publish.lua`` writes, ``debounce_check.lua`` reads): ``id``, ``seq`` (node
+    µs, strictly increasing per key), ``due`` (node µs), and ``prev_*``, restored if the last
+    publish's message could not be sent.
     """
     return f"{prefix}debounce:{{{name}}}"
 
 
 def period_key(key: str, period: float) -> str:
-    """The limit key of one of several rates a task counts on one key: ``<key>/<period>``.
-
-    ``period_key("api", 1.0)`` is ``"api/s"``; minutes, hours and days are
-    ``/m``, ``/h``, ``/d``, any other period ``/<seconds>s`` (``"api/2s"``).
-    """
+    """The limit key of one of several rates a task counts on one key: ``"api/s"``, ``"api/2s"``."""
     for unit, seconds in (("s", 1.0), ("m", 60.0), ("h", 3600.0), ("d", 86400.0)):
         if period == seconds:
             return f"{key}/{unit}"
@@ -290,10 +256,7 @@ RATE_PREFIX = rate_prefix(KEY_PREFIX)
 
 @dataclass(frozen=True, slots=True)
 class LockValue:
-    """A lock's value: a random token, and for a task's lock, who holds it.
-
-    ``str(value)`` is what is written to Redis; :meth:`parse` reads it back.
-    """
+    """A lock's value: a random token, and for a task's lock, who holds it; ``str()`` to write."""
 
     token: str
     task_id: str | None = None
@@ -345,11 +308,7 @@ class LockValue:
 
     @staticmethod
     def suffix(task_id: str, where: str) -> str:
-        """The end of every value written for ``task_id`` at ``where`` (``|id|where``).
-
-        ``acquire.lua`` takes over a lock whose value ends with it (a worker
-        starting the singleton its publisher wrote).
-        """
+        """``|id|where``: ``acquire.lua`` takes over a value ending so (a publisher's singleton)."""
         return LockValue.ending(LockValue.owner_text(task_id, where))
 
 
@@ -359,11 +318,9 @@ PREVIEW_CHARS = 120
 
 @dataclass(frozen=True, slots=True)
 class ArgsPreview:
-    """A singleton's call as text, and the task id it was published with.
+    """A singleton's call as text, and its task id.
 
-    The task id tells a preview of the lock's current holder from one left
-    by an earlier holder of the same name (the key outlives a run that ends
-    before its ttl).
+    The key may outlive its run: the id tells the current holder's preview from an earlier one's.
     """
 
     task_id: str

@@ -1,15 +1,7 @@
-"""Checks for the arguments of :class:`~celery_redlock.Redlock` and its locks.
+"""One check per kind of value, each raising a ``ConfigurationError`` naming the option.
 
-One function per kind of value; each raises a
-:class:`~celery_redlock.errors.ConfigurationError` naming the option. The
-bounds are those the Lua scripts accept (``scripts/*.lua`` check them again
-before they write), so that a value Redis would refuse is refused here, when
-the lock is built, and never turns into a node failure later.
-
-This is the package's lowest layer of checks (it imports only the errors):
-:func:`seconds` and :func:`positive_int` are also the checks the rate
-limiter and the Celery options (:mod:`.tasks.setting_checks`) use, so each kind of
-value has one check and one wording.
+The bounds are those the Lua scripts accept, so a value Redis would refuse is refused when the
+lock is built, never later as a node failure. The limiter and the Celery options use them too.
 """
 
 from __future__ import annotations
@@ -33,9 +25,8 @@ __all__ = [
 
 #: Longest lock ttl (and fence_ttl), seconds: one year.
 MAX_TTL = 365 * 24 * 3600.0
-#: Shortest fence_ttl, seconds. A fencing bucket that expires reads as the
-#: node's clock, which is then past every value it held as long as node clocks
-#: differ by less than this (docs/reliability.md, *Fencing tokens*).
+#: Shortest fence_ttl, seconds: an expired bucket reads as the node's clock, past every value
+#: it held while node clocks differ by less (docs/reliability.md, "Fencing tokens").
 MIN_FENCE_TTL = 3600.0
 #: Shortest node_timeout, seconds: a round trip to Redis takes longer.
 MIN_NODE_TIMEOUT = 0.001
@@ -51,11 +42,7 @@ def seconds(
     minimum: float | None = None,
     maximum: float | None = None,
 ) -> float:
-    """``value`` as a finite number of seconds > 0 (>= 0 with ``allow_zero``), within bounds.
-
-    The one check of a number of seconds, for the lock's arguments, the rate
-    limiter's and the Celery integration's options (:mod:`.tasks.setting_checks`).
-    """
+    """``value`` as a finite number of seconds > 0 (>= 0 with ``allow_zero``), within bounds."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ConfigurationError(option, f"expected a number of seconds, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):

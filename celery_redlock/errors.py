@@ -1,7 +1,6 @@
 """The exceptions raised by celery_redlock.
 
-Every exception derives from :class:`RedlockError`, so one ``except`` clause
-catches anything this package raises::
+One ``except RedlockError`` catches them all::
 
     RedlockError
      ├── ConfigurationError      bad option, argument or setting (also a ValueError)
@@ -15,13 +14,9 @@ catches anything this package raises::
      ├── RateLimited             a global rate limit refused a task
      └── RateLimiterUnavailable  the Redis holding rate-limit counters did not answer
 
-``QuorumUnavailable`` is deliberately *not* a ``LockNotAcquired``: a busy key
-and an unreachable Redis call for different reactions (wait for the holder, or
-fail open/closed), so callers can tell them apart.
-
-Errors that wrap a redis-py exception keep it as ``__cause__``. Every
-exception can be rebuilt from its args (a ConfigurationError's are its parts),
-as Celery does when it reads a task's failure back from the result backend.
+``QuorumUnavailable`` is not a ``LockNotAcquired``: a busy key (wait) and unreachable Redis
+(fail open or closed) call for different reactions. A wrapped redis-py error is the
+``__cause__``. Each rebuilds from its args, as a result backend does.
 """
 
 from __future__ import annotations
@@ -48,17 +43,11 @@ class RedlockError(Exception):
 class ConfigurationError(RedlockError, ValueError):
     """An option, argument or ``app.conf`` setting has a bad value.
 
-    Raised as early as possible (when a lock, task or worker is defined) and
-    always names the option at fault. It is built from its parts, so every
-    message has the same shape::
+    Raised as early as possible, built from its parts (``problem``: the message without the
+    names) so every message has one shape::
 
         ConfigurationError("lock_ttl", "must be > 0 seconds, got 0", task="proj.sync")
         # task 'proj.sync': lock_ttl: must be > 0 seconds, got 0
-
-    Attributes:
-        option: name of the offending option, argument or setting.
-        problem: what is wrong with it: the message without the names.
-        task: the task whose option it is, if any.
     """
 
     def __init__(self, option: str, problem: str, task: str | None = None) -> None:
@@ -79,11 +68,7 @@ class ConfigurationError(RedlockError, ValueError):
 
 
 class LockError(RedlockError):
-    """Base for failures concerning one lock key.
-
-    Attributes:
-        key: the lock name as the caller gave it (without the key prefix).
-    """
+    """Base for failures concerning one lock ``key`` (as given, without the key prefix)."""
 
     def __init__(self, message: str, *, key: str = "") -> None:
         super().__init__(message)
@@ -91,12 +76,7 @@ class LockError(RedlockError):
 
 
 class LockNotAcquired(LockError):
-    """The key is held by another owner and could not be taken in time.
-
-    Attributes:
-        key: the lock name.
-        timeout: how long the caller was prepared to wait, in seconds.
-    """
+    """The key is held by another owner and could not be taken within ``timeout`` seconds."""
 
     def __init__(self, message: str, *, key: str = "", timeout: float | None = None) -> None:
         super().__init__(message, key=key)
@@ -104,16 +84,9 @@ class LockNotAcquired(LockError):
 
 
 class QuorumUnavailable(LockError):
-    """Fewer than a majority of the Redis nodes answered.
+    """Fewer than a majority of the Redis nodes answered: who holds the key is unknown.
 
-    Nothing can be said about who holds the key; the caller decides whether
-    to fail open or closed.
-
-    Attributes:
-        key: the lock name.
-        answered: how many nodes answered.
-        needed: the quorum (``N // 2 + 1``).
-        failures: ``{node: error}`` for the nodes that did not answer.
+    ``answered`` nodes of the ``needed`` quorum; ``failures``: ``{node: error}`` of the rest.
     """
 
     def __init__(
@@ -134,9 +107,7 @@ class QuorumUnavailable(LockError):
 class LockLost(LockError):
     """A lock this owner held is no longer held (expired, or taken over).
 
-    Raised by :meth:`Lock.extend` and by a task's ``heartbeat()``. Work done
-    under the lock after this point is no longer protected; fencing tokens let
-    a storage layer reject it.
+    Work done after this point is unprotected; fencing tokens let a storage layer reject it.
     """
 
 
@@ -144,14 +115,9 @@ class DuplicateTask(RedlockError):
     """A singleton task with the same arguments is already queued or running.
 
     Attributes:
-        task_name: the task's registered name.
-        task_id: id of the copy that holds the singleton.
-        key: the singleton key.
-        ttl: seconds the key still holds for that copy (on a majority of the
-            nodes) unless renewed, as celery-once's ``AlreadyQueued.countdown``:
-            for a queued copy, what is left of ``singleton_ttl``; a running
-            copy's heartbeat renews it to ``lock_ttl`` while the run goes on.
-            ``None`` when unknown; ``0.0`` when the key was already gone.
+        task_id: id of the copy that holds the singleton (``key``).
+        ttl: seconds the key still holds for it unless renewed (celery-once's
+            ``AlreadyQueued.countdown``); ``None`` when unknown, ``0.0`` when already gone.
     """
 
     def __init__(
@@ -173,15 +139,8 @@ class DuplicateTask(RedlockError):
 class Superseded(RedlockError):
     """A copy of a debounced task did not run: a later publish of its key replaced it.
 
-    The result of every copy a burst replaced is a failure with this error,
-    so ``result.get()`` on it raises instead of waiting forever; the copy
-    that runs is ``task_id``.
-
-    Attributes:
-        task_name: the task's registered name.
-        task_id: id of the later copy that replaced this one (the key's latest
-            publish when this copy came up to run).
-        key: the debounce key.
+    A replaced copy's result fails with it, so ``result.get()`` raises instead of waiting
+    forever; ``task_id`` is the copy that replaced it.
     """
 
     def __init__(
@@ -196,11 +155,7 @@ class Superseded(RedlockError):
 class DebounceUnavailable(RedlockError):
     """The Redis holding debounce records did not answer, or refused the script.
 
-    Never raised to a caller of ``delay()``: a publish is then sent
-    unrecorded, and a run is re-queued with this error as its retry reason.
-
-    Attributes:
-        node: the server's display name (password removed).
+    Never raised to ``delay()``'s caller: the publish goes unrecorded; a run is re-queued.
     """
 
     def __init__(self, message: str, *, node: str = "") -> None:
@@ -209,12 +164,7 @@ class DebounceUnavailable(RedlockError):
 
 
 class RateLimited(RedlockError):
-    """A global rate limit refused the call.
-
-    Attributes:
-        key: the rate-limit key.
-        retry_after: seconds until a call may be admitted again.
-    """
+    """A global rate limit on ``key`` refused the call; retry after ``retry_after`` seconds."""
 
     def __init__(self, message: str, *, key: str = "", retry_after: float = 0.0) -> None:
         super().__init__(message)
@@ -225,13 +175,8 @@ class RateLimited(RedlockError):
 class RateLimiterUnavailable(RedlockError):
     """The Redis that holds rate-limit counters did not answer, or refused the command.
 
-    No decision was made. When the cause is a timeout the hit may or may not
-    have been counted; the caller chooses to fail open (run anyway) or closed
-    (retry later).
-
-    Attributes:
-        key: the rate-limit key, as the caller gave it.
-        node: the server's display name (password removed).
+    No decision was made (after a timeout the hit may have been counted); the caller fails
+    open or closed. ``node``: the server's name, without its password.
     """
 
     def __init__(self, message: str, *, key: str = "", node: str = "") -> None:
