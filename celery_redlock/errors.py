@@ -117,7 +117,8 @@ class DuplicateTask(RedlockError):
     Attributes:
         task_id: id of the copy that holds the singleton (``key``).
         ttl: seconds the key still holds for it unless renewed (celery-once's
-            ``AlreadyQueued.countdown``); ``None`` when unknown, ``0.0`` when already gone.
+            ``AlreadyQueued.countdown``): what is left of ``singleton_ttl`` while queued, renewed
+            to ``lock_ttl`` while running; ``None`` when unknown, ``0.0`` when already gone.
     """
 
     def __init__(

@@ -170,7 +170,10 @@ class Hub:
         return any(link.unsent for link in self.links)
 
     def hand_off(self, flush_for: float = 0.0) -> None:
-        """Make a waiting caller the leader; with none, the flusher leads for ``flush_for`` s."""
+        """Make a waiting caller the leader; else, if commands are unsent, the flusher.
+
+        It leads for up to ``flush_for`` seconds (0: not at all).
+        """
         self.leading = False
         while self.followers:
             follower = self.followers.pop(0)
