@@ -12,22 +12,18 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-from typing import TYPE_CHECKING
 
 from .. import _clock
 from .._clock import to_ms
 from .._layout import LockValue
 from .._scripts import load
 from .._validators import seconds, text
-from ..errors import ConfigurationError, LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
+from ..errors import ConfigurationError, LockLost, LockNotAcquired, RedlockError
 from ..transport.nodes import Call, fan_out
 from .acquire_attempt import Attempt, attempt
 from .lease import Lease, LockNodes
 from .quorum import Tally, majority_held
 from .renewal_batch import place
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["Lock"]
 
@@ -227,13 +223,10 @@ class Lock(Lease):
             else:
                 problem = tally.describe()
             left = "its validity is unknown" if adopted else f"{self.validity:.3f} s left"
-        raise QuorumUnavailable(
+        raise tally.unavailable(
             f"lock {self.name!r} could not be extended: {problem}; it is still held "
             f"({left}); retry, or check the nodes",
-            key=self.name,
-            answered=tally.nodes - tally.unreachable,
-            needed=redlock.quorum,
-            failures=tally.failures,
+            self.name,
         )
 
     def release(self) -> bool:
@@ -261,13 +254,10 @@ class Lock(Lease):
             logger.info("lock %s was lost before its release: %s", self.name, self.lost_reason)
             return False
         if adopted:
-            raise QuorumUnavailable(
+            raise tally.unavailable(
                 f"lock {self.name!r}: could not tell whether it was still held: "
                 f"{tally.describe()}; its keys expire within its ttl",
-                key=self.name,
-                answered=tally.nodes - tally.unreachable,
-                needed=self.redlock.quorum,
-                failures=tally.failures,
+                self.name,
             )
         if was_valid:
             logger.warning(

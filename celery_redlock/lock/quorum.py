@@ -13,6 +13,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from ..errors import QuorumUnavailable
 from ..transport.nodes import Node, NodeFailure, NodeResult
 
 __all__ = [
@@ -107,6 +108,13 @@ class Tally:
     def lost(self) -> bool:
         """Fewer than a majority can still hold our value, even among silent nodes."""
         return self.held + self.unreachable < self.quorum
+
+    def unavailable(self, message: str, key: str) -> QuorumUnavailable:
+        """:class:`QuorumUnavailable` for ``key``: ``message``, and who answered."""
+        answered = self.nodes - self.unreachable
+        return QuorumUnavailable(
+            message, key=key, answered=answered, needed=self.quorum, failures=self.failures
+        )
 
     def describe(self) -> str:
         """What happened, in words: ``gone from 2 nodes (expired or deleted), ...``."""

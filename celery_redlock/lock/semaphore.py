@@ -11,19 +11,15 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-from typing import TYPE_CHECKING
 
 from .. import _clock
 from .._layout import semaphore_keys
 from .._validators import seconds, text
-from ..errors import ConfigurationError, LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
+from ..errors import ConfigurationError, LockLost, LockNotAcquired, RedlockError
 from ..transport.commands import Call
 from .lease import Lease, LockNodes
 from .renewal_batch import place
 from .semaphore_slots import MAX_LIMIT, RENEW, Attempt, Slots, check_limit
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["MAX_LIMIT", "Semaphore", "check_limit"]
 
@@ -207,13 +203,10 @@ class Semaphore(Lease):
                     f"semaphore {self.name!r}: slot {slot} was lost: {reason}", key=self.name
                 )
             left = self.validity
-        raise QuorumUnavailable(
+        raise tally.unavailable(
             f"semaphore {self.name!r}: slot {slot} could not be extended: {tally.describe()}; "
             f"it is still held ({left:.3f} s left); retry, or check the nodes",
-            key=self.name,
-            answered=tally.nodes - tally.unreachable,
-            needed=redlock.quorum,
-            failures=tally.failures,
+            self.name,
         )
 
     def release(self) -> bool:
