@@ -13,7 +13,7 @@ from .._layout import LockKeys
 from .._scripts import load
 from ..transport.nodes import Call, fan_out
 from .fencing import ahead_us, token_for
-from .lease import LockNodes
+from .lease import LockNodes, Outcome
 from .quorum import acquire_decided, failed, majority_at_least, reply
 
 __all__ = ["Attempt", "attempt"]
@@ -23,16 +23,9 @@ _FENCE_RAISE = load("fence_raise")
 
 
 @dataclass
-class Attempt:
+class Attempt(Outcome):
     """What one acquire attempt found, and, when it succeeded, what it holds."""
 
-    acquired: bool = False
-    answered: int = 0
-    granted: int = 0
-    retry_hint: float | None = None
-    failures: dict[str, BaseException] = field(default_factory=dict)
-    #: When the attempt began (monotonic): its validity counts from here.
-    started: float = 0.0
     token: int = 0
     #: Whether the token was settled in the acquire's own round trip.
     settled: bool = True

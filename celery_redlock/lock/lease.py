@@ -10,6 +10,7 @@ import math
 import random
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol, Self, TypeVar
 
@@ -59,28 +60,19 @@ class LockNodes(Protocol):
         ...
 
 
-class Outcome(Protocol):
-    """What one acquire attempt found (the fields the wait reads)."""
+@dataclass
+class Outcome:
+    """What one acquire attempt found: what the wait reads (each lease's attempt adds its own)."""
 
-    @property
-    def acquired(self) -> bool:
-        """Whether the attempt took the lock or slot."""
-
-    @property
-    def answered(self) -> int:
-        """How many nodes answered."""
-
-    @property
-    def granted(self) -> int:
-        """How many nodes granted."""
-
-    @property
-    def retry_hint(self) -> float | None:
-        """Seconds until the holder's hold runs out, when the nodes said."""
-
-    @property
-    def failures(self) -> dict[str, BaseException]:
-        """Why each node that did not answer did not, by node name."""
+    acquired: bool = False
+    answered: int = 0
+    granted: int = 0
+    #: Seconds until the holder's hold runs out, when the nodes said.
+    retry_hint: float | None = None
+    #: Why each node that did not answer did not, by node name.
+    failures: dict[str, BaseException] = field(default_factory=dict)
+    #: When the attempt began (monotonic): its validity counts from here.
+    started: float = 0.0
 
 
 OutcomeT = TypeVar("OutcomeT", bound=Outcome)

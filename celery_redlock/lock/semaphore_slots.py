@@ -17,7 +17,7 @@ from .._layout import LockValue, SemaphoreKeys
 from .._scripts import load
 from ..errors import ConfigurationError
 from ..transport.nodes import Call, NodeResult, fan_out
-from .lease import LockNodes
+from .lease import LockNodes, Outcome
 from .quorum import Decided, Tally, failed, majority_held, reply
 
 __all__ = [
@@ -60,19 +60,12 @@ def check_limit(limit: object, option: str = "limit") -> int:
 
 
 @dataclass
-class Attempt:
+class Attempt(Outcome):
     """What one acquire attempt found, and, when it succeeded, what it holds."""
 
-    acquired: bool = False
-    answered: int = 0
-    granted: int = 0
-    retry_hint: float | None = None
     ticket: int = 0
-    failures: dict[str, BaseException] = field(default_factory=dict)
     value: str = ""
     slot: int = -1
-    #: When the attempt began (monotonic): its validity counts from here.
-    started: float = 0.0
 
 
 @dataclass
