@@ -35,7 +35,6 @@ __all__ = [
     "CALL_OPTIONS",
     "HEADER",
     "KEYWORD",
-    "apply",
     "check",
     "from_request",
     "guard_send_task",
@@ -112,11 +111,6 @@ def check(
             timeout, setting = settings.node_timeout, "redlock_node_timeout"
             check_ttl(checked[name], timeout, label(name), timeout_option=setting, task=task_name)
     return checked
-
-
-def apply(policy: TaskPolicy, overrides: Mapping[str, Any]) -> TaskPolicy:
-    """``policy`` with a call's checked overrides in place."""
-    return policy.with_values(overrides)
 
 
 def refuse_peer_keywords(task_name: str, options: Mapping[str, Any]) -> None:

@@ -180,7 +180,7 @@ class LockedTask(Task):  # type: ignore[misc]
         raw = call_overrides.from_request(self.request)
         if raw is not None:  # per-call overrides, checked again: a message may come from anywhere
             checked = call_overrides.check(self.name, policy, raw, settings_for(self.app))
-            policy = call_overrides.apply(policy, checked)
+            policy = policy.with_values(checked)
         body = self._traced_body if self._redlock_plain_call else super().__call__
         return TaskRun(self, policy, args, kwargs).run(body)
 
@@ -229,7 +229,7 @@ class LockedTask(Task):  # type: ignore[misc]
         resolved = policy_for(self)
         assert resolved is not None
         if overrides:
-            resolved = call_overrides.apply(resolved, overrides)
+            resolved = resolved.with_values(overrides)
         return Publication(self, resolved, args, kwargs, task_id, options).send()
 
     def apply(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:

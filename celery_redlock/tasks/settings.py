@@ -27,7 +27,6 @@ from .misspelling import closest, resembles
 
 __all__ = [
     "DEFAULT_NODE",
-    "KNOWN_SETTINGS",
     "SETTING_NAMES",
     "Settings",
     "in_user_terms",
@@ -126,10 +125,6 @@ _CHECKS: dict[str, Callable[[Any, str], Any]] = {
 #: Every setting :class:`Settings` reads.
 SETTING_NAMES: tuple[str, ...] = tuple(f"redlock_{entry.name}" for entry in fields(Settings))
 
-#: Every ``redlock_*`` setting celery_redlock reads: :data:`SETTING_NAMES`, and
-#: ``redlock_enabled`` (false runs LockedTasks as plain tasks).
-KNOWN_SETTINGS: frozenset[str] = frozenset((*SETTING_NAMES, "redlock_enabled"))
-
 
 def written_as(conf: Any, setting: str) -> str:
     """``setting`` as the app's configuration holds it (``CELERY_REDLOCK_TASKS`` under Django)."""
@@ -172,7 +167,7 @@ def unknown_settings(conf: Any) -> list[str]:
             return (prefix + setting).upper()
         return prefix + setting
 
-    readable = {setting: {setting, spelt(setting)} for setting in KNOWN_SETTINGS}
+    readable = {setting: {setting, spelt(setting)} for setting in SETTING_NAMES}
     read_names = set().union(*readable.values())
     problems = []
     for key in sorted(name for name in conf if isinstance(name, str)):
@@ -182,14 +177,14 @@ def unknown_settings(conf: Any) -> list[str]:
         for given_prefix in {prefix.lower(), "celery_"}:
             if given_prefix and bare.startswith(given_prefix):
                 bare = bare[len(given_prefix) :]
-        if bare in KNOWN_SETTINGS:
+        if bare in SETTING_NAMES:
             how = f"namespace {prefix.rstrip('_')!r}" if prefix else "no namespace"
             problems.append(
                 f"{key} is not read: with {how}, Celery reads this setting as "
                 f"{' or '.join(sorted(readable[bare], key=len, reverse=True))}"
             )
             continue
-        meant = closest(bare, KNOWN_SETTINGS)
+        meant = closest(bare, SETTING_NAMES)
         if bare.startswith("redlock") or (meant is not None and resembles(bare, meant)):
             hint = f"; did you mean {spelt(meant)}?" if meant is not None else ""
             problems.append(f"{key} is not a celery_redlock setting and is ignored{hint}")

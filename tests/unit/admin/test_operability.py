@@ -14,7 +14,7 @@ from celery import Celery
 from celery_redlock.admin.startup_notice import notices
 from celery_redlock.errors import QuorumUnavailable, RateLimiterUnavailable
 from celery_redlock.tasks import app_state
-from celery_redlock.tasks.settings import KNOWN_SETTINGS, Settings, node_fallback, unknown_settings
+from celery_redlock.tasks.settings import SETTING_NAMES, Settings, node_fallback, unknown_settings
 from celery_redlock.transport.commands import NodeFailure
 from celery_redlock.transport.failure_text import detail, reason, short_error, summary
 
@@ -47,7 +47,7 @@ class TestUnknownSettings:
         ]
 
     def test_every_setting_and_other_settings_pass(self) -> None:
-        conf = dict.fromkeys(KNOWN_SETTINGS, 1)
+        conf = dict.fromkeys(SETTING_NAMES, 1)
         conf.update(broker_url="redis://b/0", task_acks_late=True, redis_backend_use_ssl=None)
         assert unknown_settings(conf) == []
 

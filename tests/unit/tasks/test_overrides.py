@@ -114,10 +114,9 @@ def test_an_override_the_task_has_no_use_for_is_refused(
     assert missing in refused(task_policy, raw).problem
 
 
-def test_apply_replaces_only_what_the_call_sets() -> None:
+def test_with_values_replaces_only_what_the_call_sets() -> None:
     both = policy(lock_key="sync:{user_id}", singleton=True, global_rate_limit="5/s")
-    changed = overrides.apply(
-        both,
+    changed = both.with_values(
         {
             "lock_timeout": 5.0,
             "on_lock_busy": "skip",
@@ -144,14 +143,14 @@ def test_apply_replaces_only_what_the_call_sets() -> None:
     assert changed.rate is not None
     assert changed.rate.on_limited == "raise"
     assert (changed.ttl, changed.progress_timeout) == (20.0, 7.0)
-    assert overrides.apply(both, {}) == both
+    assert both.with_values({}) == both
 
 
 def test_a_concurrency_limit_takes_the_busy_and_ttl_overrides() -> None:
     limited = policy(concurrency_limit=3, concurrency_key="export:{user_id}")
     raw = {"lock_timeout": 5, "on_lock_busy": "skip", "lock_busy_max_requeues": 2, "lock_ttl": 9}
     checked = overrides.check("proj.sync", limited, raw, SETTINGS)
-    changed = overrides.apply(limited, checked)
+    changed = limited.with_values(checked)
     assert changed.concurrency is not None
     assert (changed.concurrency.timeout, changed.concurrency.on_busy) == (5.0, "skip")
     assert changed.concurrency.max_requeues == 2
