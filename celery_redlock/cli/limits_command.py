@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from ..admin import LimitUse
 from ..errors import ConfigurationError, RateLimiterUnavailable
 from ..ratelimit import ALGORITHMS, Algorithm
-from ..ratelimit.rates import Rate, parse_rate
+from ..ratelimit.rates import UNITS, Rate, parse_rate
 from ..tasks.features.rate_limit import PUBLISH_BUDGET
 from .session import BadConfiguration, Session, duration, json_option, table
 
@@ -31,7 +31,6 @@ class _Duration(_FloatParam):
     """Seconds, written ``90``, ``90s``, ``30m``, ``1h`` or ``7d``."""
 
     name = "duration"
-    _UNITS: ClassVar[dict[str, float]] = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
@@ -39,7 +38,7 @@ class _Duration(_FloatParam):
         if isinstance(value, int | float):
             return float(value)
         text = str(value).strip().lower()
-        scale = self._UNITS.get(text[-1:], None)
+        scale = UNITS.get(text[-1:], None)
         number = text[:-1] if scale is not None else text
         try:
             seconds = float(number) * (scale or 1.0)

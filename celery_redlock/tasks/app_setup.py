@@ -22,7 +22,7 @@ from .locked_task import STARTUP_STEP
 from .policies import TaskPolicy
 from .publish import watch_beat
 from .settings import Settings, in_user_terms
-from .task_table import apply_entries, check_entries, watch_registrations
+from .task_table import apply_entries, check_entry, watch_registrations
 
 __all__ = [
     "connect_cleanup",
@@ -55,7 +55,8 @@ def setup(app: Any) -> None:
         # Checked where the process starts, not at its first .delay(). Logged, not raised: a
         # raise from an import is a long traceback; the worker refuses with one line.
         try:
-            check_entries(Settings.from_conf(app.conf).tasks)
+            for name, options in Settings.from_conf(app.conf).tasks.items():
+                check_entry(name, options)
         except ConfigurationError as exc:
             _keep_error(app, exc)
     app._redlock_setup = True

@@ -33,7 +33,6 @@ from .settings import in_user_terms
 __all__ = [
     "StartupRefused",
     "apply_entries",
-    "check_entries",
     "check_entry",
     "configure",
     "entry_name",
@@ -59,12 +58,6 @@ def check_entry(name: str, options: Mapping[str, Any]) -> None:
         task_options.read(name, options)
     except ConfigurationError as exc:
         raise ConfigurationError(f"{entry_name(name)}.{exc.option}", exc.problem) from exc
-
-
-def check_entries(entries: Mapping[str, Mapping[str, Any]]) -> None:
-    """:func:`check_entry` for every entry; raises for the first bad one."""
-    for name, options in entries.items():
-        check_entry(name, options)
 
 
 def entry_policy(name: str, task_class: type, options: Mapping[str, Any]) -> TaskPolicy:
@@ -103,7 +96,8 @@ def apply_entries(app: Any) -> list[str]:
         ConfigurationError: a bad setting or entry.
     """
     entries = settings_for(app).tasks
-    check_entries(entries)
+    for name, options in entries.items():
+        check_entry(name, options)
     missing = []
     for name, options in entries.items():
         task = app.tasks.get(name)
