@@ -6,6 +6,7 @@ app. Tasks record what they do on the witness, a Redis apart from the lock nodes
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any
@@ -30,12 +31,10 @@ def create_app(broker: str, nodes: list[str], witness_url: str) -> Celery:
         task_default_queue="celery_redlock_demo",
     )
     witness = redis.Redis.from_url(witness_url)
+    task = functools.partial(app.task, base=LockedTask, bind=True, shared=False)
 
-    @app.task(
-        base=LockedTask,
-        bind=True,
+    @task(
         name="demo.sync_account",
-        shared=False,
         lock_key="account:{account_id}",
         # Waits for the account's lock, to show the hand-off (default: re-queue when busy).
         lock_timeout=60,
@@ -50,28 +49,19 @@ def create_app(broker: str, nodes: list[str], witness_url: str) -> Celery:
         witness.incr("sync:done")
         return int(self.lock.fencing_token)
 
-    @app.task(base=LockedTask, bind=True, name="demo.rebuild_report", shared=False, singleton=True)
+    @task(name="demo.rebuild_report", singleton=True)
     def rebuild_report(self: Any, day: str) -> str:
         witness.incr("report:runs")
         time.sleep(1.0)
         return f"report for {day} rebuilt by {self.request.id}"
 
-    @app.task(
-        base=LockedTask,
-        bind=True,
-        name="demo.call_api",
-        shared=False,
-        global_rate_limit="5/s",
-    )
+    @task(name="demo.call_api", global_rate_limit="5/s")
     def call_api(self: Any, n: int) -> int:
         witness.rpush("api:calls", f"{time.monotonic():.6f} {os.getpid()}")
         return n
 
-    @app.task(
-        base=LockedTask,
-        bind=True,
+    @task(
         name="demo.hung_job",
-        shared=False,
         lock_key="nightly-export",
         lock_ttl=1.0,
         lock_progress_timeout=0.5,
