@@ -17,6 +17,7 @@ __all__ = [
     "MIN_FENCE_TTL",
     "MIN_NODE_TIMEOUT",
     "check_ttl",
+    "flag",
     "fraction",
     "positive_int",
     "seconds",
@@ -70,6 +71,13 @@ def check_ttl(
             option, f"{problem}; use more than {2 * node_timeout:g} s", task=task
         )
     return ttl
+
+
+def flag(value: Any, option: str) -> bool:
+    """``True`` or ``False``, nothing that merely converts to one."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(option, f"must be True or False, got {value!r}")
+    return value
 
 
 def positive_int(value: Any, option: str) -> int:

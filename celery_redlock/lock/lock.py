@@ -17,7 +17,7 @@ from .. import _clock
 from .._clock import to_ms
 from .._layout import LockValue
 from .._scripts import load
-from .._validators import seconds, text
+from .._validators import flag, seconds, text
 from ..errors import ConfigurationError, LockLost, LockNotAcquired, RedlockError
 from ..transport.nodes import Call, fan_out
 from .acquire_attempt import Attempt, attempt
@@ -66,8 +66,7 @@ class Lock(Lease):
         self.name = text(name, "name", empty=False)
         self.ttl = self._checked_ttl(ttl)
         self.timeout = None if timeout is None else seconds(timeout, "timeout", allow_zero=True)
-        if not isinstance(auto_renew, bool):
-            raise ConfigurationError("auto_renew", f"expected True or False, got {auto_renew!r}")
+        flag(auto_renew, "auto_renew")
         #: Free text stored beside the token (``task_id|where`` for a task's lock).
         self.owner = None if owner is None else text(owner, "owner")
         #: Take the lock over from a holder whose value ends with this text.

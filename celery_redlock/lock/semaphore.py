@@ -14,7 +14,7 @@ import threading
 
 from .. import _clock
 from .._layout import semaphore_keys
-from .._validators import seconds, text
+from .._validators import flag, seconds, text
 from ..errors import ConfigurationError, LockLost, LockNotAcquired, RedlockError
 from ..transport.commands import Call
 from .lease import Lease, LockNodes
@@ -58,9 +58,8 @@ class Semaphore(Lease):
         self.limit = check_limit(limit)
         self.ttl = self._checked_ttl(ttl)
         self.timeout = None if timeout is None else seconds(timeout, "timeout", allow_zero=True)
-        for option, flag in (("blocking", blocking), ("auto_renew", auto_renew)):
-            if not isinstance(flag, bool):
-                raise ConfigurationError(option, f"expected True or False, got {flag!r}")
+        flag(blocking, "blocking")
+        flag(auto_renew, "auto_renew")
         if not blocking and self.timeout:
             raise ConfigurationError(
                 "timeout",

@@ -13,7 +13,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import redis
 
-from .._validators import positive_int, seconds
+from .._validators import flag, positive_int, seconds
 from ..errors import ConfigurationError
 from ..lock.semaphore import MAX_LIMIT as MAX_SLOTS
 from ..ratelimit.algorithms import Algorithm, check_algorithm
@@ -56,13 +56,6 @@ def choice(value: Any, option: str, choices: Sequence[_C]) -> _C:
     raise ConfigurationError(
         option, f"must be one of {', '.join(map(repr, choices))}, got {value!r}"
     )
-
-
-def flag(value: Any, option: str) -> bool:
-    """``True`` or ``False``, nothing that merely converts to one."""
-    if not isinstance(value, bool):
-        raise ConfigurationError(option, f"must be True or False, got {value!r}")
-    return value
 
 
 def string(value: Any, option: str) -> str:
