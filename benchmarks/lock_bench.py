@@ -64,7 +64,7 @@ from _common import (
 )
 from pottery import Redlock as PotteryRedlock
 
-import celery_redlock.lock.redlock as redlock_module
+import celery_redlock.lock.renewal_batch as renewal_module
 from celery_redlock import Redlock
 from celery_redlock.lock.redlock import RENEWED
 from celery_redlock.lock.renewal import Heartbeat
@@ -518,13 +518,13 @@ def renewal(urls: list[str], count: int, rounds: int) -> Renewal:
         if not lock.acquire(blocking=False):
             raise RuntimeError("celery_redlock: not acquired")
     fan_outs = [0]
-    real_fan_out = redlock_module.fan_out
+    real_fan_out = renewal_module.fan_out
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         fan_outs[0] += 1
         return real_fan_out(*args, **kwargs)
 
-    redlock_module.fan_out = counting  # type: ignore[assignment]
+    renewal_module.fan_out = counting  # type: ignore[assignment]
     try:
 
         def one_round() -> tuple[float, float, int]:
@@ -534,6 +534,8 @@ def renewal(urls: list[str], count: int, rounds: int) -> Renewal:
             elapsed, used = time.perf_counter() - began, time.process_time() - cpu
             if any(outcome != RENEWED for outcome in outcomes):
                 raise RuntimeError("celery_redlock: a renewal failed")
+            if not fan_outs[0]:
+                raise RuntimeError("no fan-out counted: the counter wraps the wrong module")
             return elapsed, used, fan_outs[0]
 
         warm, warm_cpu, trips = [], [], []
@@ -546,7 +548,7 @@ def renewal(urls: list[str], count: int, rounds: int) -> Renewal:
             client.script_flush()
         cold, _, cold_trips = one_round()
     finally:
-        redlock_module.fan_out = real_fan_out  # type: ignore[assignment]
+        renewal_module.fan_out = real_fan_out  # type: ignore[assignment]
     heartbeat = heartbeat_rounds(locks, rounds)
     for client in clients:
         client.flushall()
