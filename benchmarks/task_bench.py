@@ -240,6 +240,17 @@ def left_behind(key: str) -> bool:
     )
 
 
+def _contents(node: redis.Redis, key: bytes) -> object:
+    """What a key left behind holds, with its ttl, for the error that reports it."""
+    kind = node.type(key)
+    held = {
+        b"string": node.get,
+        b"hash": node.hgetall,
+        b"zset": lambda name: node.zrange(name, 0, -1, withscores=True),
+    }.get(kind, lambda name: None)(key)
+    return (held, node.pttl(key))
+
+
 # -- counting in the worker --------------------------------------------------------
 
 
@@ -411,14 +422,19 @@ class Bench:
         # queued for it as it resumes: its keys are not looked at.
         checked = self.nodes[: variant.nodes - 1 if variant.paused else variant.nodes]
         left = [
-            key
-            for node in checked
+            (index, key)
+            for index, node in enumerate(checked)
             for key in node.scan_iter(count=1000)
             if left_behind(key.decode())
         ]
         if left:
+            shown = [
+                (index, key, checked[index].type(key), _contents(checked[index], key))
+                for index, key in left[:3]
+            ]
             raise RuntimeError(
-                f"{variant.name}: {len(left)} keys left on the lock nodes, as {left[:3]}"
+                f"{variant.name}: {len(left)} keys left on the lock nodes "
+                f"(node, key, type, contents): {shown}"
             )
 
     def close(self) -> None:
