@@ -49,6 +49,12 @@ def add_tasks(app: Celery) -> None:
         client.set(f"body-end:{what}", repr(time.monotonic()))  # the worker is in this process
         return f"{what}/{uuid.uuid4().hex}"
 
+    @app.task(shared=False, name="c.after")
+    def after(value: str) -> str:
+        """What follows a singleton step in a chain or a link: records the value it got."""
+        client.rpush("after", value)
+        return f"after {value}"
+
     @task(name="c.single", singleton=True)
     def single(self: Any, n: int, duration: float = 3.0) -> str:
         return body(self, f"single:{n}", duration)
@@ -407,11 +413,7 @@ def test_a_duplicate_step_delivered_after_its_twin_ended_ends_with_its_value(
     """Published while the first copy runs, delivered (countdown) once it has ended: not run."""
     add_tasks(app)
     client = app.witness.client  # type: ignore[attr-defined]
-
-    @app.task(shared=False, name="c.after")
-    def after(value: str) -> str:
-        client.rpush("after", value)
-        return f"after {value}"
+    after = app.tasks["c.after"]
 
     single = app.tasks["c.single"]
     with in_process_worker(app, "threads"):
@@ -451,11 +453,7 @@ def test_a_duplicate_singleton_step_runs_what_follows_it(
 ) -> None:
     add_tasks(app)
     client = app.witness.client  # type: ignore[attr-defined]
-
-    @app.task(shared=False, name="c.after")
-    def after(value: str) -> str:
-        client.rpush("after", value)
-        return f"after {value}"
+    after = app.tasks["c.after"]
 
     with in_process_worker(app, "threads"):
         if mode == "one":
