@@ -61,6 +61,21 @@ def landed_everywhere(redlock: Redlock, *names: str, timeout: float = 5.0) -> No
             time.sleep(0.01)
 
 
+def count_fan_outs(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """Record, for each renewal fan-out from now on, the number of calls sent to each node."""
+    from celery_redlock.lock import renewal_batch
+
+    fan_outs: list[list[int]] = []
+    real_fan_out = renewal_batch.fan_out
+
+    def counting_fan_out(nodes: Any, calls: Any, timeout: float, **options: Any) -> Any:
+        fan_outs.append([len(node_calls) for node_calls in calls])
+        return real_fan_out(nodes, calls, timeout, **options)
+
+    monkeypatch.setattr(renewal_batch, "fan_out", counting_fan_out)
+    return fan_outs
+
+
 def script_runs(server: RedisServer) -> int:
     """How many script calls (EVAL or EVALSHA) ``server`` has run (its ``INFO commandstats``).
 

@@ -14,7 +14,7 @@ from celery_redlock.errors import LockLost
 from celery_redlock.lock import redlock as redlock_module
 from celery_redlock.lock import renewal_batch
 from celery_redlock.lock.renewal import RENEW_AT, Heartbeat
-from tests.support import script_runs, with_node_timeout
+from tests.support import count_fan_outs, script_runs, with_node_timeout
 
 pytestmark = pytest.mark.integration
 
@@ -50,14 +50,7 @@ def test_500_locks_renew_in_one_round_trip_per_node(
         ttl *= 2
         assert ttl <= 24.0, "500 acquisitions never fit in a third of the ttl"
 
-    fan_outs: list[list[int]] = []
-    real_fan_out = renewal_batch.fan_out
-
-    def counting_fan_out(nodes: Any, calls: Any, timeout: float, **options: Any) -> Any:
-        fan_outs.append([len(node_calls) for node_calls in calls])
-        return real_fan_out(nodes, calls, timeout, **options)
-
-    monkeypatch.setattr(renewal_batch, "fan_out", counting_fan_out)
+    fan_outs = count_fan_outs(monkeypatch)
     before = [script_runs(node) for node in nodes]
     beat = Heartbeat()
     held = [beat.hold(lock) for lock in locks]

@@ -22,10 +22,9 @@ from typing import Any
 import pytest
 
 from celery_redlock import errors
-from celery_redlock.lock import renewal_batch
 from celery_redlock.lock.quorum import LOST, RENEWED
 from celery_redlock.testing import RedisServer
-from tests.support import with_node_timeout
+from tests.support import count_fan_outs, with_node_timeout
 
 pytestmark = pytest.mark.integration
 
@@ -162,14 +161,7 @@ def test_a_renewal_round_places_what_one_node_lost_while_a_majority_holds_it(
     # it, which this round does before it places anything.
     adopted = redlock.lock("heal-adopted", ttl=TTL, token=other.value)
     nodes[2].flush()  # node 2 came back empty: no keys, no scripts
-    fan_outs: list[list[int]] = []
-    real_fan_out = renewal_batch.fan_out
-
-    def counting_fan_out(nodes: Any, calls: Any, timeout: float, **options: Any) -> Any:
-        fan_outs.append([len(node_calls) for node_calls in calls])
-        return real_fan_out(nodes, calls, timeout, **options)
-
-    monkeypatch.setattr(renewal_batch, "fan_out", counting_fan_out)
+    fan_outs = count_fan_outs(monkeypatch)
     caplog.set_level(logging.INFO, logger="celery_redlock.lock")
     sent = time.monotonic()
     with key_events(nodes, [*keys, other.key]) as events:
