@@ -75,6 +75,7 @@ class Semaphore(Lease):
         self._slots = Slots(redlock, self.name, self.keys, self.limit, self.ttl)
         self._mutex = threading.RLock()
         self._slot: int | None = None
+        self._unsure: frozenset[int] = frozenset()
 
     def __repr__(self) -> str:
         state = f"slot {self._slot}, {self.validity:.3f}s left" if self.locked() else "not held"
@@ -150,7 +151,7 @@ class Semaphore(Lease):
         """One try on every node; on success, this object holds the slot."""
         outcome = self._slots.attempt(self.owner, waiter, ticket)
         if outcome.acquired:
-            self._slot = outcome.slot
+            self._slot, self._unsure = outcome.slot, outcome.unsure
             self._take(outcome.value, outcome.started)
         return outcome
 
@@ -216,7 +217,7 @@ class Semaphore(Lease):
                 return False
             was_valid = self.validity > 0
             self._forget()
-        tally = self._slots.release(slot, value)
+        tally = self._slots.release(slot, value, self._unsure)
         if tally.confirmed:
             return True
         if tally.lost:
@@ -241,18 +242,18 @@ class Semaphore(Lease):
         return (self.keys.holders, self.keys.expiry), (self._slot or 0, self._value or "")
 
     def give_up_call(self) -> Call:
-        """Forget the acquisition; return the call that gives the slot up wherever it is ours."""
-        value, slot = self._value, self._slot
+        """Forget the acquisition; return the call that gives up every slot it holds anywhere."""
+        value = self._value
         assert value is not None
         self._forget()
-        return self._slots.release_call(-1 if slot is None else slot, value, notify=True)
+        return self._slots.release_call(-1, value, notify=True)
 
     def _give_up(self, reason: str) -> None:
         value, slot = self._value, self._slot
         self.lost_reason = reason
         self._forget()
         if value is not None and slot is not None:
-            self._slots.release(slot, value)
+            self._slots.release(slot, value, self._unsure)
 
     # -- context manager -------------------------------------------------------------
 

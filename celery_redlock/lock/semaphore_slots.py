@@ -66,6 +66,8 @@ class Attempt(Outcome):
     ticket: int = 0
     value: str = ""
     slot: int = -1
+    #: Nodes whose grant is not known (no answer read): they may hold another slot.
+    unsure: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -151,6 +153,7 @@ class Slots:
             left = _clock.validity(self.ttl, started, _clock.monotonic(), redlock.drift_factor)
             if left > 0:
                 outcome.acquired, outcome.slot = True, chosen
+                outcome.unsure = frozenset(answers.silent)
                 self.tidy(value, chosen, waiter, answers)
                 logger.debug(
                     "acquired slot %d of %s on %d/%d nodes",
@@ -246,13 +249,18 @@ class Slots:
                 tally.count(answer, node=index)
         return tally
 
-    def release(self, slot: int, value: str) -> Tally:
-        """Give a held slot up on every node and wake the waiters."""
+    def release(self, slot: int, value: str, unsure: frozenset[int] = frozenset()) -> Tally:
+        """Give a held slot up on every node and wake the waiters.
+
+        On the ``unsure`` nodes (their grant was never read) every slot holding ``value`` goes:
+        one that ran the acquire late may have granted another number.
+        """
         redlock = self.redlock
         call = self.release_call(slot, value, notify=True)
+        anywhere = self.release_call(-1, value, notify=True)
         results = fan_out(
             redlock.nodes,
-            [[call]] * len(redlock.nodes),
+            [[anywhere if index in unsure else call] for index in range(len(redlock.nodes))],
             redlock.node_timeout,
             enough=majority_held(redlock.quorum),
         )

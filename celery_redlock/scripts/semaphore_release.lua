@@ -6,8 +6,9 @@
 -- KEYS[2]  expiry: sorted set, slot number -> expiry (ms, this node's time)
 -- KEYS[3]  queue: sorted set, waiter id -> ticket
 -- KEYS[4]  waiting: sorted set, waiter id -> when its entry lapses
--- ARGV[1]  slot: the slot to give up, or -1 for whichever slot holds value
---          (an attempt that got no answer from this node does not know it)
+-- ARGV[1]  slot: the slot to give up, or -1 for every slot that holds value
+--          (an attempt that read no answer from this node does not know which
+--          slot it granted, nor whether a renewal placed another there since)
 -- ARGV[2]  value: the holder's LockValue exactly as written ('' to give up nothing)
 -- ARGV[3]  channel: pub/sub channel told about the release ('' = tell nobody)
 -- ARGV[4]  waiter: a waiter id to remove from the queue ('' for none)
@@ -30,12 +31,12 @@ if value ~= '' then
         local found = redis.call('HGETALL', holders)
         for i = 1, #found, 2 do
             if found[i + 1] == value then
-                slot = tonumber(found[i])
-                break
+                redis.call('HDEL', holders, found[i])
+                redis.call('ZREM', expiry, found[i])
+                released = 1
             end
         end
-    end
-    if slot >= 0 then
+    else
         local held = redis.call('HGET', holders, slot)
         if held == value then
             redis.call('HDEL', holders, slot)

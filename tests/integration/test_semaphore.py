@@ -11,7 +11,7 @@ import pytest
 from celery_redlock import Semaphore, errors
 from celery_redlock.lock.renewal import Heartbeat
 from celery_redlock.testing import RedisServer
-from tests.support import all_topologies, heard_from, with_node_timeout
+from tests.support import all_topologies, heard_from, script_runs, with_node_timeout
 
 pytestmark = pytest.mark.integration
 
@@ -380,6 +380,33 @@ def test_nodes_that_disagree_settle_on_one_slot(servers: Any, make_redlock: Any)
         {"2": sem.value},
     ]
     assert sem.release()
+
+
+def test_a_late_grant_of_another_slot_is_released_with_the_slot(
+    servers: Any, make_redlock: Any
+) -> None:
+    # The acquire returns once nodes 0 and 1 granted slot 0; node 2, paused,
+    # runs the acquire later and, its slot 0 taken by another holder, grants
+    # slot 1. Its reply is never read, so the release must find the slot by value.
+    nodes = servers[:3]
+    plant(nodes[2], "late", {0: "other"})
+    redlock = make_redlock(nodes)
+    sem = redlock.semaphore("late", limit=3, ttl=10.0)
+    before = script_runs(nodes[2])
+    nodes[2].pause()
+    try:
+        assert sem.acquire(blocking=False)
+        assert sem.slot == 0
+        value = sem.value
+        assert sem.release()
+    finally:
+        nodes[2].resume()
+    deadline = time.monotonic() + 10.0
+    while script_runs(nodes[2]) < before + 2:  # the late acquire, then the release
+        assert time.monotonic() < deadline, "node 2 never ran the acquire and the release"
+        time.sleep(0.01)
+    assert value not in holders(nodes, "late")[2].values()
+    assert holders(nodes, "late") == [{}, {}, {"0": "other"}]
 
 
 def test_nodes_that_cannot_agree_are_left_as_found(servers: Any, make_redlock: Any) -> None:
