@@ -22,7 +22,8 @@ replaced by stand-ins that do no I/O, minus (1). (2) minus (1) minus (3)
 is shown too: it is larger, as the task's code and the lock's share the
 CPU's caches.
 Variants run interleaved; the round with the least CPU per call counts.
-``--profile`` prints a cProfile of the locked task on 1 node instead.
+``--profile`` prints a cProfile of the locked task on 1 node instead, then where a
+lock pair's time goes on 1 and 3 nodes beside the naive pair's (own time by part).
 
 Usage::
 
@@ -397,9 +398,63 @@ def profile(operation: Callable[[], object], count: int) -> None:
     stats.sort_stats("cumulative").print_stats(40)
 
 
+def _part(where: str, function: str) -> str:
+    """The part of a call a profiled function belongs to."""
+    if "celery_redlock/transport" in where:
+        return "transport: fan-out, hub, links, RESP"
+    if "celery_redlock" in where:
+        return "lock: acquire, release, token, tally"
+    if "socket' objects>" in function and "send" in function:
+        return "socket send (system call)"
+    if "socket' objects>" in function and "recv" in function:
+        return "socket recv (system call, waits for the reply)"
+    if "poll' objects>" in function or "select" in function:
+        return "poll (system call, waits for the reply)"
+    if "/redis/" in where:
+        return "redis-py"
+    return "the rest (builtins, os.urandom, the loop)"
+
+
+def by_part(operation: Callable[[], object], count: int) -> dict[str, float]:
+    """cProfile's own time (wall clock) per call of ``operation``, summed by :func:`_part`."""
+    for _ in range(200):
+        operation()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(count):
+        operation()
+    profiler.disable()
+    parts: dict[str, float] = {}
+    for (where, _, function), row in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
+        name = _part(where, function)
+        parts[name] = parts.get(name, 0.0) + row[2] / count
+    return parts
+
+
+def print_parts(apps: dict[int, Celery], naive: Callable[[], object], count: int) -> None:
+    """Where a pair's time goes: the lock pair on 1 and 3 nodes beside the naive pair."""
+    columns = {
+        NAIVE: by_part(naive, count),
+        LOCK.format(1): by_part(lock_pair(apps[1]), count),
+        LOCK.format(3): by_part(lock_pair(apps[3]), count),
+    }
+    names = sorted({name for parts in columns.values() for name in parts})
+    rows = [
+        [name, *(f"{parts.get(name, 0.0) * 1e6:,.1f}" for parts in columns.values())]
+        for name in names
+    ]
+    rows.append(["total", *(f"{sum(parts.values()) * 1e6:,.1f}" for parts in columns.values())])
+    print("\nOwn time per pair by part, cProfile (wall clock, profiler overhead included), µs\n")
+    print(table(["part", *columns], rows, False))
+
+
 def main() -> None:
     options = parser(__doc__.split("\n\n")[0])
-    options.add_argument("--profile", action="store_true", help="cProfile the 1-node locked task")
+    options.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile the 1-node locked task, then the pairs by part",
+    )
     args = options.parse_args()
     count, rounds = (1000, 3) if args.quick else (3000, 5)
     began = time.monotonic()
@@ -409,6 +464,7 @@ def main() -> None:
         try:
             if args.profile:
                 profile(traced(apps[1].tasks["bench.locked"]), count)
+                print_parts(apps, naive_pair(urls[0]), count)
                 return
             about = environment(urls[0])
             variants: dict[str, Callable[[], object]] = {
