@@ -252,15 +252,16 @@ class Slots:
     def release(self, slot: int, value: str, unsure: frozenset[int] = frozenset()) -> Tally:
         """Give a held slot up on every node and wake the waiters.
 
-        On the ``unsure`` nodes (their grant was never read) every slot holding ``value`` goes:
-        one that ran the acquire late may have granted another number.
+        On the ``unsure`` nodes (their grant was never read), a second call in the same pipeline
+        then frees every slot still holding ``value``: a node that ran the acquire late may have
+        granted another number. Only the first call's answer counts toward the outcome.
         """
         redlock = self.redlock
         call = self.release_call(slot, value, notify=True)
-        anywhere = self.release_call(-1, value, notify=True)
+        alone, swept = [call], [call, self.release_call(-1, value)]
         results = fan_out(
             redlock.nodes,
-            [[anywhere if index in unsure else call] for index in range(len(redlock.nodes))],
+            [swept if index in unsure else alone for index in range(len(redlock.nodes))],
             redlock.node_timeout,
             enough=majority_held(redlock.quorum),
         )

@@ -409,6 +409,46 @@ def test_a_late_grant_of_another_slot_is_released_with_the_slot(
     assert holders(nodes, "late") == [{}, {}, {"0": "other"}]
 
 
+def test_a_release_does_not_count_a_late_grant_of_another_slot_as_its_slot(
+    servers: Any, make_redlock: Any
+) -> None:
+    # A holds slot 0 on nodes 0 and 1; node 2, paused during the acquire, runs
+    # it late and grants slot 1 (its slot 0 taken). Node 1 then restarts empty
+    # and B takes slot 0 on nodes 1 and 2: A holds slot 0 on node 0 alone, so
+    # its release must report the slot lost. The release's "every slot holding
+    # my value" on node 2 deletes the stray slot 1 and answers 1 ("released"),
+    # which the tally counts as a node that held A's slot: a majority, True.
+    nodes = servers[:3]
+    plant(nodes[2], "stray-count", {0: "other"}, ttl_ms=1000)
+    redlock = make_redlock(nodes)
+    a = redlock.semaphore("stray-count", limit=2, ttl=30.0)
+    before = script_runs(nodes[2])
+    nodes[2].pause()
+    try:
+        assert a.acquire(blocking=False)
+        assert a.slot == 0
+    finally:
+        nodes[2].resume()
+    deadline = time.monotonic() + 10.0
+    while script_runs(nodes[2]) < before + 1:  # the late acquire
+        assert time.monotonic() < deadline, "node 2 never ran the late acquire"
+        time.sleep(0.01)
+    assert holders(nodes, "stray-count")[2] == {"0": "other", "1": a.value}
+    time.sleep(1.1)  # "other" expires on node 2
+    nodes[1].restart()  # empty
+    b = redlock.semaphore("stray-count", limit=2, ttl=30.0)
+    assert b.acquire(blocking=False)
+    assert b.slot == 0  # on nodes 1 and 2 (node 0 has it taken by A)
+    assert holders(nodes, "stray-count")[1:] == [{"0": b.value}, {"0": b.value, "1": a.value}]
+    # The empty restart made two holders of slot 0, each valid by its clock.
+    assert a.locked()
+    assert b.locked()
+    # A's slot 0 is held on node 0 only: its release must say it was lost.
+    assert a.release() is False
+    assert a.lost_reason
+    assert b.release()
+
+
 def test_nodes_that_cannot_agree_are_left_as_found(servers: Any, make_redlock: Any) -> None:
     nodes = servers[:3]
     plant(nodes[0], "apart", {0: "a"})
