@@ -241,7 +241,7 @@ class Op:
                     part.node.suspect = True
                 self.settle(
                     part,
-                    _not_waited_for(part.node.name)
+                    _not_waited_for(part.node.name, decided=self.decided)
                     if part.graced
                     else NodeFailure(
                         part.node.name, RedisTimeoutError("no reply within the node timeout")
@@ -253,9 +253,18 @@ class Op:
         return min((part.deadline for part in self.parts if not part.done), default=0.0)
 
 
-def _not_waited_for(name: str) -> NotWaitedFor:
+def _not_waited_for(name: str, decided: bool = True) -> NotWaitedFor:
+    if decided:
+        return NotWaitedFor(
+            name, RedisTimeoutError("not waited for: the outcome was decided without it")
+        )
+    # A suspect node (its last command went unanswered past its deadline) gets only a moment.
     return NotWaitedFor(
-        name, RedisTimeoutError("not waited for: the outcome was decided without it")
+        name,
+        RedisTimeoutError(
+            "no reply within the moment a node gets after missing a deadline; it is waited "
+            "for in full again once it answers"
+        ),
     )
 
 

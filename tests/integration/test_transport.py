@@ -256,6 +256,8 @@ def test_a_node_that_timed_out_is_not_waited_for_until_it_answers(servers):
         later = fan_out(nodes, [[PING]] * 2, 1.0)
         assert time.monotonic() - started < 0.5
         assert isinstance(later[0], NotWaitedFor)
+        # Not "decided without it": with both nodes asked for PING, nothing was decided.
+        assert "missing a deadline" in str(later[0])
         assert later[1] == [b"PONG"]
     servers[0].resume()
     # Its late replies bring it back; from then on it is waited for again.
