@@ -110,7 +110,9 @@ def place(redlock: LockNodes, renewed: Sequence[tuple[Renewable, int, Collection
         return 0
     timeout = redlock.node_timeout + _RENEW_ALLOWANCE * (most - 1)
     placed = 0
-    for pipeline, result in zip(pipelines, fan_out(redlock.nodes, pipelines, timeout), strict=True):
+    # On the connection the leases' release will take: a later release never overtakes it.
+    results = fan_out(redlock.nodes, pipelines, timeout, ordered=True)
+    for pipeline, result in zip(pipelines, results, strict=True):
         for slot, call in enumerate(pipeline):
             answer = reply(result, slot)
             if isinstance(call, Call) and not failed(answer):
@@ -183,4 +185,6 @@ def _give_up(redlock: LockNodes, leases: Sequence[Renewable]) -> None:
     calls = [lease.give_up_call() for lease in leases]
     if calls:
         pipeline = [*_load(calls), *calls]
-        fan_out(redlock.nodes, [pipeline] * len(redlock.nodes), redlock.node_timeout)
+        # Behind each lease's own acquisition on the node, which may have run late there.
+        nodes = redlock.nodes
+        fan_out(nodes, [pipeline] * len(nodes), redlock.node_timeout, ordered=True)

@@ -45,6 +45,7 @@ def fan_out(
     timeout: float,
     *,
     enough: Enough | None = None,
+    ordered: bool = False,
 ) -> list[NodeResult]:
     """Run ``calls[i]`` on ``nodes[i]``, all nodes concurrently, for at most ``timeout``.
 
@@ -59,6 +60,10 @@ def fan_out(
         timeout: the node timeout, seconds.
         enough: called with the results so far (``None``: awaited) as each comes in; once it
             returns True the fan-out returns, the rest reported as :class:`NotWaitedFor`.
+        ordered: the calls must run after this process's earlier calls to each node (an undo
+            of what an acquisition may have written late): they never take the bulk
+            connection, whatever their number, since two connections keep no order between
+            them.
     """
     op = Op(len(nodes), timeout, enough)
     elsewhere: set[int] = set()  # nodes answered without the hub
@@ -92,7 +97,7 @@ def fan_out(
         for part in parts:
             op.add(part)  # all counted before any can settle
         for part, (_, payload) in zip(parts, payloads, strict=True):
-            _queue(the_hub, op, part, payload, now)
+            _queue(the_hub, op, part, payload, now, ordered)
         if op.waiting == 0:
             op.finish()
         elif enough is not None and not op.decided and _decided(op):
@@ -147,9 +152,11 @@ def _decided(op: Op) -> bool:
         return True
 
 
-def _queue(the_hub: hub.Hub, op: Op, part: Part, payload: Payload, now: float) -> None:
+def _queue(
+    the_hub: hub.Hub, op: Op, part: Part, payload: Payload, now: float, ordered: bool
+) -> None:
     node, node_calls = part.node, part.calls
-    link = node.link(bulk=len(node_calls) > BULK_CALLS)
+    link = node.link(bulk=not ordered and len(node_calls) > BULK_CALLS)
     data = payload.data
     first_use = payload.loads
     sent = link.scripts

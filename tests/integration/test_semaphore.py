@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from celery_redlock import Semaphore, errors
+from celery_redlock.lock.quorum import LOST
 from celery_redlock.lock.renewal import Heartbeat
 from celery_redlock.testing import RedisServer
 from tests.support import all_topologies, heard_from, script_runs, with_node_timeout
@@ -447,6 +448,61 @@ def test_a_release_does_not_count_a_late_grant_of_another_slot_as_its_slot(
     assert a.release() is False
     assert a.lost_reason
     assert b.release()
+
+
+def test_a_give_up_in_a_large_batch_sweeps_a_late_grant(servers: Any, make_redlock: Any) -> None:
+    # The heartbeat gives up every lease it found lost in one pipeline; past
+    # BULK_CALLS (64) calls that pipeline goes on each node's *bulk* connection,
+    # while the acquire went on its interactive one. Nothing orders two
+    # connections: here node 2 is paused while the acquire opens the interactive
+    # connection (accepted only when node 2 runs again) and the give-up's -1
+    # sweep reaches the bulk connection, which node 2 already accepted, so node 2
+    # runs the sweep first and the acquire after it. The late grant of slot 1
+    # (node 2's slot 0 is another holder's) outlives the give-up by its whole ttl.
+    # (Over a network, a lost and retransmitted segment on the interactive
+    # connection reorders the two the same way.)
+    nodes = servers[:3]
+    name = "bulk-give-up"
+    plant(nodes[2], name, {0: "other"}, ttl_ms=60000)
+    # 128 locks whose validity ran out: a renewal gives each up, one call each.
+    pads = make_redlock(nodes, node_timeout=0.1)
+    expired = [pads.lock(f"pad:{i}", ttl=0.3) for i in range(128)]
+    assert all(lock.acquire(blocking=False) for lock in expired)
+    time.sleep(0.4)
+    redlock = make_redlock(nodes)
+    # A first give-up of 64 (65 calls with the SCRIPT LOAD) opens the bulk connections.
+    assert redlock.renew(expired[:64]) == [LOST] * 64
+    sem = redlock.semaphore(name, limit=2, ttl=30.0)
+    before = script_runs(nodes[2])
+    nodes[2].pause()
+    try:
+        assert sem.acquire(blocking=False)
+        assert sem.slot == 0  # on nodes 0 and 1; node 2 never answered
+        value = sem.value
+        interactive = redlock.nodes[2].link()
+        deadline = time.monotonic() + 5.0
+        while interactive.unsent:  # the acquire is on its way to node 2
+            assert time.monotonic() < deadline, "the acquire never left for node 2"
+            time.sleep(0.01)
+        # Nodes 0 and 1 lose the slot (as an empty restart would): the renewal
+        # finds it lost and gives it up with 64 others, every slot holding its
+        # value (-1) on every node.
+        for node in nodes[:2]:
+            with node.client() as client:
+                client.delete(sem.keys.holders, sem.keys.expiry)
+        outcomes = redlock.renew([sem, *expired[64:]])
+        assert outcomes == [LOST] * 65
+        assert sem.lost_reason
+    finally:
+        nodes[2].resume()
+    deadline = time.monotonic() + 10.0
+    # node 2 runs: the acquire and the renewal (interactive), the sweep and 64 releases (bulk)
+    while script_runs(nodes[2]) < before + 67:
+        assert time.monotonic() < deadline, "node 2 never ran the acquire and the give-up"
+        time.sleep(0.01)
+    assert holders(nodes, name) == [{}, {}, {"0": "other"}], (
+        f"a slot holding {value!r} outlived its give-up"
+    )
 
 
 def test_nodes_that_cannot_agree_are_left_as_found(servers: Any, make_redlock: Any) -> None:
