@@ -212,12 +212,12 @@ class Semaphore(Lease):
     def release(self) -> bool:
         """Give the slot up on every node and wake waiters; as :meth:`Lock.release`."""
         with self._mutex:
-            value, slot = self._value, self._slot
+            value, slot, unsure = self._value, self._slot, self._unsure
             if value is None or slot is None:
                 return False
             was_valid = self.validity > 0
             self._forget()
-        tally = self._slots.release(slot, value, self._unsure)
+        tally = self._slots.release(slot, value, unsure)
         if tally.confirmed:
             return True
         if tally.lost:
@@ -249,11 +249,11 @@ class Semaphore(Lease):
         return self._slots.release_call(-1, value, notify=True)
 
     def _give_up(self, reason: str) -> None:
-        value, slot = self._value, self._slot
+        value, slot, unsure = self._value, self._slot, self._unsure
         self.lost_reason = reason
         self._forget()
         if value is not None and slot is not None:
-            self._slots.release(slot, value, self._unsure)
+            self._slots.release(slot, value, unsure)
 
     # -- context manager -------------------------------------------------------------
 

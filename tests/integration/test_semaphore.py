@@ -505,6 +505,74 @@ def test_a_give_up_in_a_large_batch_sweeps_a_late_grant(servers: Any, make_redlo
     )
 
 
+def test_a_release_sweeps_the_nodes_its_own_acquisition_never_heard(
+    servers: Any, make_redlock: Any
+) -> None:
+    # Semaphore.release() reads self._unsure after it left the mutex: once
+    # _forget() has run, another thread may acquire the same object (it is not
+    # locked() any more) and replace _unsure with its own attempt's. The release
+    # then sweeps the new attempt's unsure nodes, not its own: node 2, which
+    # granted the first acquisition slot 1 late, keeps it. The release is held
+    # inside _forget() (its heartbeat().drop() waits for the heartbeat's mutex)
+    # for as long as the other thread's attempt takes; without that hold the
+    # window is a thread switch between _forget() and the release call.
+    from celery_redlock.lock.renewal import heartbeat
+    from celery_redlock.transport.nodes import NodeFailure
+
+    nodes = servers[:3]
+    name = "unsure-race"
+    plant(nodes[2], name, {0: "other"}, ttl_ms=60000)
+    redlock = make_redlock(nodes)
+    sem = redlock.semaphore(name, limit=3, ttl=30.0, auto_renew=True)
+    before = script_runs(nodes[2])
+    nodes[2].pause()
+    try:
+        assert sem.acquire(blocking=False)
+        assert sem.slot == 0  # on nodes 0 and 1
+    finally:
+        nodes[2].resume()
+    first = sem.value
+    deadline = time.monotonic() + 10.0
+    while script_runs(nodes[2]) < before + 1:  # the late acquire
+        assert time.monotonic() < deadline, "node 2 never ran the late acquire"
+        time.sleep(0.01)
+    assert holders(nodes, name)[2] == {"0": "other", "1": first}
+    while isinstance(redlock.inspect("anything")[2], NodeFailure):
+        assert time.monotonic() < deadline, "node 2 never answered again"
+        time.sleep(0.01)  # node 2 answers again: not suspect, heard by the next attempt
+
+    beat = heartbeat()
+    released: list[bool] = []
+    acquired: list[bool] = []
+    release = threading.Thread(target=lambda: released.append(sem.release()))
+    again = threading.Thread(target=lambda: acquired.append(sem.acquire(blocking=False)))
+    beat._mutex.acquire()
+    try:
+        release.start()
+        while sem.value is not None:  # the release is in _forget(), the mutex held
+            assert time.monotonic() < deadline, "the release never started"
+            time.sleep(0.001)
+        again.start()
+        while sem._unsure:  # the second attempt is in, waiting for the mutex in _take()
+            assert time.monotonic() < deadline, "the second attempt never ended"
+            time.sleep(0.001)
+    finally:
+        beat._mutex.release()
+    release.join()
+    again.join()
+    assert released == [True]
+    assert acquired == [True]
+    second = sem.value
+    assert second != first
+    try:
+        left = holders(nodes, name)
+        assert all(first not in slots.values() for slots in left), (
+            f"the released acquisition still holds a slot: {left}"
+        )
+    finally:
+        sem.release()
+
+
 def test_nodes_that_cannot_agree_are_left_as_found(servers: Any, make_redlock: Any) -> None:
     nodes = servers[:3]
     plant(nodes[0], "apart", {0: "a"})
