@@ -61,9 +61,10 @@ def fan_out(
         enough: called with the results so far (``None``: awaited) as each comes in; once it
             returns True the fan-out returns, the rest reported as :class:`NotWaitedFor`.
         ordered: the calls must run after this process's earlier calls to each node (an undo
-            of what an acquisition may have written late): they never take the bulk
-            connection, whatever their number, since two connections keep no order between
-            them.
+            of what an acquisition may have written late). Two connections keep no order
+            between them: while a node's interactive connection still owes replies, a batch
+            of any size goes behind them there; once it owes none, everything sent on it has
+            run, and a large batch takes the bulk connection as usual.
     """
     op = Op(len(nodes), timeout, enough)
     elsewhere: set[int] = set()  # nodes answered without the hub
@@ -156,7 +157,11 @@ def _queue(
     the_hub: hub.Hub, op: Op, part: Part, payload: Payload, now: float, ordered: bool
 ) -> None:
     node, node_calls = part.node, part.calls
-    link = node.link(bulk=not ordered and len(node_calls) > BULK_CALLS)
+    bulk = len(node_calls) > BULK_CALLS
+    if bulk and ordered:
+        interactive = node.link()
+        bulk = not (interactive.pending or interactive.unsent)
+    link = node.link(bulk=bulk)
     data = payload.data
     first_use = payload.loads
     sent = link.scripts

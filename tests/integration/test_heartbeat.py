@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from celery_redlock import errors
 from celery_redlock.errors import LockLost
 from celery_redlock.lock import redlock as redlock_module
 from celery_redlock.lock import renewal_batch
@@ -293,3 +294,54 @@ def test_an_auto_renewed_lock_lost_to_the_nodes_says_so(servers: Any, make_redlo
     # three taken over, or two (a renewal ran between the overwrites).
     assert re.search(r"taken over by another owner on [23] nodes", lock.lost_reason or "")
     assert lock.release() is False
+
+
+def test_an_acquire_behind_a_large_give_up_still_meets_its_node_timeout(
+    servers: Any, make_redlock: Any
+) -> None:
+    # The heartbeat gives up every lease it found lost in one pipeline, one
+    # call per lease. Since a6dd804 that pipeline always takes each node's
+    # interactive connection (ordered=True), the one every acquire, extend and
+    # release of the process takes too: a give-up of many thousands of leases
+    # (a majority of nodes restarted empty under a busy worker) now stands on
+    # every node between the process's next acquire and its answer. Before, a
+    # batch past BULK_CALLS went on the bulk connection, and acquisitions went
+    # on as usual (fanout.py: "a renewal of thousands of locks never queues an
+    # acquisition behind it"). Here 30000 lost leases (a few hundred ms of
+    # node time) make a free lock's acquire raise QuorumUnavailable: no node
+    # answered within 50 ms. It passes on 0c5fe1d (give-up on bulk).
+    nodes = list(servers)[:3]
+    # The default node timeout (50 ms): what a worker runs with.
+    redlock = make_redlock(nodes, node_timeout=redlock_module.DEFAULT_NODE_TIMEOUT)
+    count = 30000
+    # Leases held elsewhere (built from their tokens), gone from every node:
+    # the renewal finds each one lost and gives it up.
+    gone = [redlock.lock(f"gone:{n}", ttl=30.0, token=f"{n:032x}|t|w") for n in range(count)]
+    fresh = redlock.lock("fresh", ttl=30.0)
+    assert fresh.acquire(blocking=False)  # connections open, scripts loaded
+    assert fresh.release()
+
+    outcomes: list[str] = []
+    renewal = threading.Thread(target=lambda: outcomes.extend(redlock.renew(gone)))
+    renewal.start()
+    try:
+        links = [redlock.nodes[0].link(), redlock.nodes[0].link(bulk=True)]
+        deadline = time.monotonic() + 30.0
+        # The give-up is queued on node 0 (one slot for all its replies).
+        while not any(slot.count >= count for link in links for slot in list(link.pending)):
+            assert renewal.is_alive() or outcomes, "the renewal ended early"
+            assert time.monotonic() < deadline, "the give-up was never queued"
+            time.sleep(0.0005)
+        started = time.monotonic()
+        try:
+            taken = fresh.acquire(blocking=False)
+        except errors.QuorumUnavailable as exc:
+            pytest.fail(
+                f"a free lock could not be taken behind the give-up of {count} leases "
+                f"({time.monotonic() - started:.3f} s): {exc}"
+            )
+        assert taken, "a free lock was refused"
+        fresh.release()
+    finally:
+        renewal.join()
+    assert outcomes == [redlock_module.LOST] * count
