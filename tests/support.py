@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -228,3 +229,44 @@ class SentinelGroup:
         self.replica.cleanup()
         self.master.cleanup()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+#: Run by :func:`acquire_in_a_process_that_dies`: take one lease, wait until its calls are on
+#: their way to every node, print its value, and end without releasing it.
+_ACQUIRE_AND_DIE = """
+import os, sys, time
+from celery_redlock import Redlock
+kind, name, owner, *urls = sys.argv[1:]
+redlock = Redlock(urls, node_timeout=0.5)
+if kind == "lock":
+    lease = redlock.lock(name, ttl=30.0, owner=owner)
+else:
+    lease = redlock.semaphore(name, limit=2, ttl=30.0, owner=owner)
+assert lease.acquire(blocking=False)
+deadline = time.monotonic() + 5.0
+while any(node.link().unsent for node in redlock.nodes):
+    assert time.monotonic() < deadline, "the calls never left"
+    time.sleep(0.01)
+print(lease.value, getattr(lease, "slot", ""), flush=True)
+os._exit(0)  # a task process killed: no release, no goodbye
+"""
+
+
+def acquire_in_a_process_that_dies(
+    kind: str, name: str, owner: str, nodes: list[RedisServer]
+) -> tuple[str, str]:
+    """A separate process takes a ``kind`` ("lock" or "semaphore") and dies holding it.
+
+    Returns the lease's value and (for a semaphore) its slot, as the process printed them.
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", _ACQUIRE_AND_DIE, kind, name, owner, *(n.url for n in nodes)],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"the task process failed: {done.stderr}"
+    value, _, slot = done.stdout.strip().partition(" ")
+    return value, slot

@@ -12,7 +12,13 @@ import redis
 from celery_redlock import Redlock, errors
 from celery_redlock.testing import RedisServer
 from celery_redlock.transport.nodes import NodeFailure
-from tests.support import all_topologies, heard_from, script_runs, with_node_timeout
+from tests.support import (
+    acquire_in_a_process_that_dies,
+    all_topologies,
+    heard_from,
+    script_runs,
+    with_node_timeout,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -821,3 +827,39 @@ def test_renewal_that_finds_the_key_overwritten_with_another_type_is_lost(server
     for node in nodes[:2]:
         with node.client() as client:
             assert client.lrange(redlock.key("k"), 0, -1) == [b"someone"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="documented limitation (reliability.md, Slow and paused nodes): the main "
+    "process's release by owner and a dead process's late acquire travel on two processes' "
+    "connections, which keep no order",
+)
+def test_release_owner_frees_a_late_write_of_a_dead_task_process(servers, make_redlock):
+    # A prefork worker's main process frees the locks of a task process that
+    # died (tasks/app_setup.py, free_by_owner -> release_owner). The task
+    # process took the lock on nodes 0 and 1 while node 2 was paused; its
+    # acquire is still queued for node 2. The main process's release reaches
+    # node 2 on ITS connection, opened before the pause, so node 2 runs it
+    # first and the dead process's acquire after it, on a connection it
+    # accepts only when it runs again: the key stays for its whole ttl (30 s)
+    # after its release.
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    redlock.inspect("anything")  # this process's connections are open
+    before = script_runs(nodes[2])
+    nodes[2].pause()
+    try:
+        value, _ = acquire_in_a_process_that_dies("lock", "dead-run", "task-1|host:10", nodes)
+        # The worker's cleanup: freed on 2 nodes (node 2 does not answer in time).
+        assert redlock.release_owner("dead-run", "task-1", "host:10") == 2
+    finally:
+        nodes[2].resume()
+    deadline = time.monotonic() + 10.0
+    while script_runs(nodes[2]) < before + 2:  # the release by owner and the late acquire
+        assert time.monotonic() < deadline, "node 2 never ran the acquire and the release"
+        time.sleep(0.01)
+    left = redlock.inspect("dead-run")
+    assert all(entry[0] != value for entry in left if not isinstance(entry, NodeFailure)), (
+        f"the dead run's lock outlived its release by owner: {left}"
+    )
