@@ -113,6 +113,8 @@ class Lease:
     _adopted = False
     # The last renewal that found no majority: why it was lost, if it runs out.
     _unconfirmed: str | None = None
+    #: Acquisitions taken so far: a release tells a loss only to the one it released.
+    _taken = 0
 
     @property
     def value(self) -> str | None:
@@ -140,11 +142,21 @@ class Lease:
         with self._mutex:
             self._value, self._valid_until = value, started + self.ttl - drift
             self.lost_reason = self._unconfirmed = None
+            self._taken += 1
         if self.auto_renew:
             beat = heartbeat()
             if self._held is not None:  # an earlier acquisition that expired
                 beat.drop(self._held)
             self._held = beat.hold(self, weak=True)
+
+    def _released_lost(self, taken: int, reason: str) -> None:
+        """Record why the release of acquisition ``taken`` found it lost, unless a newer one began.
+
+        A release reads the nodes without the mutex: the object may be acquired again meanwhile.
+        """
+        with self._mutex:
+            if self._taken == taken:
+                self.lost_reason = reason
 
     def _forget(self) -> None:
         """Drop this object's acquisition without telling the nodes."""

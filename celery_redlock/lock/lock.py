@@ -239,7 +239,7 @@ class Lock(Lease):
             QuorumUnavailable: a lock built from a token, when too few nodes answered to tell.
         """
         with self._mutex:
-            value = self._value
+            value, taken = self._value, self._taken
             if value is None:
                 return False
             was_valid = self.validity > 0
@@ -249,8 +249,9 @@ class Lock(Lease):
         if tally.confirmed:
             return True
         if tally.lost:
-            self.lost_reason = tally.describe()
-            logger.info("lock %s was lost before its release: %s", self.name, self.lost_reason)
+            reason = tally.describe()
+            self._released_lost(taken, reason)
+            logger.info("lock %s was lost before its release: %s", self.name, reason)
             return False
         if adopted:
             raise tally.unavailable(
@@ -266,7 +267,7 @@ class Lock(Lease):
                 self.ttl,
             )
             return True
-        self.lost_reason = f"its validity had run out; {tally.describe()}"
+        self._released_lost(taken, f"its validity had run out; {tally.describe()}")
         return False
 
     def hand_over(self, owner: str, ttl: float) -> bool:

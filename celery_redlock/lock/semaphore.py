@@ -212,7 +212,7 @@ class Semaphore(Lease):
     def release(self) -> bool:
         """Give the slot up on every node and wake waiters; as :meth:`Lock.release`."""
         with self._mutex:
-            value, slot, unsure = self._value, self._slot, self._unsure
+            value, slot, unsure, taken = self._value, self._slot, self._unsure, self._taken
             if value is None or slot is None:
                 return False
             was_valid = self.validity > 0
@@ -221,7 +221,7 @@ class Semaphore(Lease):
         if tally.confirmed:
             return True
         if tally.lost:
-            self.lost_reason = tally.describe()
+            self._released_lost(taken, tally.describe())
             logger.info("semaphore %s: slot %d was lost before its release", self.name, slot)
             return False
         if was_valid:
@@ -234,7 +234,7 @@ class Semaphore(Lease):
                 self.ttl,
             )
             return True
-        self.lost_reason = f"its validity had run out; {tally.describe()}"
+        self._released_lost(taken, f"its validity had run out; {tally.describe()}")
         return False
 
     def renew_part(self) -> tuple[tuple[str, ...], tuple[str | int, ...]]:

@@ -863,3 +863,53 @@ def test_release_owner_frees_a_late_write_of_a_dead_task_process(servers, make_r
     assert all(entry[0] != value for entry in left if not isinstance(entry, NodeFailure)), (
         f"the dead run's lock outlived its release by owner: {left}"
     )
+
+
+def test_a_release_racing_a_new_acquisition_leaves_it_no_lost_reason(servers, make_redlock):
+    # Lock.release() forgets the acquisition under the mutex, then writes what
+    # its round trip found (lost_reason) after leaving it: an acquire() of the
+    # same object in between is a valid acquisition that carries the old one's
+    # loss. Held inside _forget() as in test_semaphore.py's
+    # test_a_release_sweeps_the_nodes_its_own_acquisition_never_heard.
+    from celery_redlock.lock.renewal import heartbeat
+
+    nodes = servers[:3]
+    redlock = make_redlock(nodes)
+    lock = redlock.lock("reason-race", ttl=30.0, auto_renew=True)
+    assert lock.acquire(blocking=False)
+    for node in nodes:  # gone from every node (an empty restart of each)
+        with node.client() as client:
+            client.delete(lock.key)
+
+    beat = heartbeat()
+    released: list[bool] = []
+    acquired: list[bool] = []
+    release = threading.Thread(target=lambda: released.append(lock.release()))
+    again = threading.Thread(target=lambda: acquired.append(lock.acquire(blocking=False)))
+    deadline = time.monotonic() + 10.0
+    beat._mutex.acquire()
+    try:
+        release.start()
+        while lock.value is not None:  # the release is in _forget(), the mutex held
+            assert time.monotonic() < deadline, "the release never started"
+            time.sleep(0.001)
+        again.start()
+        while (
+            sum(isinstance(e, tuple) and e[0] is not None for e in redlock.inspect(lock.name)) < 2
+        ):
+            assert time.monotonic() < deadline, "the second attempt never took the lock"
+            time.sleep(0.001)
+        time.sleep(0.05)  # the second attempt is in, waiting for the mutex in _take()
+    finally:
+        beat._mutex.release()
+    release.join()
+    again.join()
+    assert released == [False]  # the first acquisition was gone: right
+    assert acquired == [True]
+    try:
+        assert lock.locked()
+        assert lock.lost_reason is None, (
+            f"a valid acquisition carries the previous one's loss: {lock.lost_reason!r}"
+        )
+    finally:
+        assert lock.release()

@@ -815,3 +815,62 @@ def test_release_by_owner_sweeps_a_late_grant_of_a_dead_task_process(
     assert all(value not in slots.values() for slots in left), (
         f"a slot of the dead run outlived its release by owner: {left}"
     )
+
+
+def test_a_release_racing_a_new_acquisition_leaves_it_no_lost_reason(
+    servers: Any, make_redlock: Any
+) -> None:
+    # 65d5322 reads the released acquisition's value, slot and unsure nodes
+    # under the mutex, so an acquire() of the same object in between cannot
+    # change what the release frees. What it reports is still written after
+    # the mutex: a release that finds its slot lost sets self.lost_reason once
+    # its round trip is back, by which time the other thread's acquisition
+    # holds the object (and _take cleared lost_reason for it). The new,
+    # valid acquisition then carries the old one's loss, and keeps it through
+    # its own successful release. The release is held inside _forget() (its
+    # heartbeat().drop() waits for the heartbeat's mutex) as in
+    # test_a_release_sweeps_the_nodes_its_own_acquisition_never_heard.
+    from celery_redlock.lock.renewal import heartbeat
+
+    nodes = servers[:3]
+    name = "reason-race"
+    redlock = make_redlock(nodes)
+    sem = redlock.semaphore(name, limit=3, ttl=30.0, auto_renew=True)
+    assert sem.acquire(blocking=False)
+    for node in nodes:  # the slot is gone (an empty restart of every node)
+        with node.client() as client:
+            client.delete(sem.keys.holders, sem.keys.expiry)
+
+    beat = heartbeat()
+    released: list[bool] = []
+    acquired: list[bool] = []
+    release = threading.Thread(target=lambda: released.append(sem.release()))
+    again = threading.Thread(target=lambda: acquired.append(sem.acquire(blocking=False)))
+    deadline = time.monotonic() + 10.0
+    beat._mutex.acquire()
+    try:
+        release.start()
+        while sem.value is not None:  # the release is in _forget(), the mutex held
+            assert time.monotonic() < deadline, "the release never started"
+            time.sleep(0.001)
+        again.start()
+        while len([slots for slots in holders(nodes, name) if slots]) < 2:
+            assert time.monotonic() < deadline, "the second attempt never took a slot"
+            time.sleep(0.001)
+        time.sleep(0.05)  # the second attempt is in, waiting for the mutex in _take()
+    finally:
+        beat._mutex.release()
+    release.join()
+    again.join()
+    assert released == [False]  # the first acquisition's slot was gone: right
+    assert acquired == [True]
+    try:
+        assert sem.locked()
+        assert sem.lost_reason is None, (
+            f"a valid acquisition carries the previous one's loss: {sem.lost_reason!r}"
+        )
+    finally:
+        assert sem.release()
+    assert sem.lost_reason is None, (
+        f"a release that found its slot held leaves a lost_reason: {sem.lost_reason!r}"
+    )
