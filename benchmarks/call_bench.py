@@ -385,7 +385,8 @@ def measure(variants: dict[str, Callable[[], object]], count: int, rounds: int) 
     return {name: {"cpu": cpu, "wall": wall} for name, (cpu, wall) in best.items()}
 
 
-def profile(operation: Callable[[], object], count: int) -> None:
+def _profiled(operation: Callable[[], object], count: int) -> pstats.Stats:
+    """cProfile's statistics of ``count`` calls of ``operation``, after 200 to warm up."""
     for _ in range(200):
         operation()
     profiler = cProfile.Profile()
@@ -393,7 +394,11 @@ def profile(operation: Callable[[], object], count: int) -> None:
     for _ in range(count):
         operation()
     profiler.disable()
-    stats = pstats.Stats(profiler)
+    return pstats.Stats(profiler)
+
+
+def profile(operation: Callable[[], object], count: int) -> None:
+    stats = _profiled(operation, count)
     stats.sort_stats("tottime").print_stats(30)
     stats.sort_stats("cumulative").print_stats(40)
 
@@ -417,15 +422,9 @@ def _part(where: str, function: str) -> str:
 
 def by_part(operation: Callable[[], object], count: int) -> dict[str, float]:
     """cProfile's own time (wall clock) per call of ``operation``, summed by :func:`_part`."""
-    for _ in range(200):
-        operation()
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(count):
-        operation()
-    profiler.disable()
+    stats = _profiled(operation, count)
     parts: dict[str, float] = {}
-    for (where, _, function), row in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
+    for (where, _, function), row in stats.stats.items():  # type: ignore[attr-defined]
         name = _part(where, function)
         parts[name] = parts.get(name, 0.0) + row[2] / count
     return parts
