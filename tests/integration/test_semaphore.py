@@ -15,6 +15,7 @@ from celery_redlock.testing import RedisServer
 from tests.support import (
     acquire_in_a_process_that_dies,
     all_topologies,
+    count_fan_outs,
     heard_from,
     script_runs,
     with_node_timeout,
@@ -638,7 +639,6 @@ def test_locks_and_slots_renew_in_one_round_trip(
     servers: Any, make_redlock: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from celery_redlock.lock import redlock as redlock_module
-    from celery_redlock.lock import renewal_batch
 
     redlock = make_redlock(servers[:3])
     lock = redlock.lock("mixed-lock", ttl=5.0)
@@ -646,14 +646,7 @@ def test_locks_and_slots_renew_in_one_round_trip(
     assert lock.acquire(blocking=False)
     for sem in sems:
         assert sem.acquire(blocking=False)
-    fan_outs: list[list[int]] = []
-    real = renewal_batch.fan_out
-
-    def counting(nodes: Any, calls: Any, timeout: float, **options: Any) -> Any:
-        fan_outs.append([len(node_calls) for node_calls in calls])
-        return real(nodes, calls, timeout, **options)
-
-    monkeypatch.setattr(renewal_batch, "fan_out", counting)
+    fan_outs = count_fan_outs(monkeypatch)
     time.sleep(0.2)
     sent = time.monotonic()
     assert redlock.renew([lock, *sems]) == [redlock_module.RENEWED] * 5
