@@ -89,6 +89,14 @@ def script_runs(server: RedisServer) -> int:
     return sum(int(stats.get(name, {}).get("calls", 0)) for name in names)
 
 
+def wait_for_script_runs(server: RedisServer, count: int, what: str) -> None:
+    """Wait (up to 10 s) until ``server`` has run ``count`` script calls (:func:`script_runs`)."""
+    deadline = time.monotonic() + 10.0
+    while script_runs(server) < count:
+        assert time.monotonic() < deadline, f"{server.url} never ran {what}"
+        time.sleep(0.01)
+
+
 def heard_from(lacking: RedisServer, holder: RedisServer, extend: Callable[[], Any]) -> None:
     """Run ``extend`` (a lock's or semaphore's) so that it hears ``lacking``'s answer.
 

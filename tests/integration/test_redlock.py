@@ -17,6 +17,7 @@ from tests.support import (
     all_topologies,
     heard_from,
     script_runs,
+    wait_for_script_runs,
     with_node_timeout,
 )
 
@@ -855,10 +856,8 @@ def test_release_owner_frees_a_late_write_of_a_dead_task_process(servers, make_r
         assert redlock.release_owner("dead-run", "task-1", "host:10") == 2
     finally:
         nodes[2].resume()
-    deadline = time.monotonic() + 10.0
-    while script_runs(nodes[2]) < before + 2:  # the release by owner and the late acquire
-        assert time.monotonic() < deadline, "node 2 never ran the acquire and the release"
-        time.sleep(0.01)
+    # the release by owner and the late acquire
+    wait_for_script_runs(nodes[2], before + 2, "the acquire and the release")
     left = redlock.inspect("dead-run")
     assert all(entry[0] != value for entry in left if not isinstance(entry, NodeFailure)), (
         f"the dead run's lock outlived its release by owner: {left}"

@@ -18,6 +18,7 @@ from tests.support import (
     count_fan_outs,
     heard_from,
     script_runs,
+    wait_for_script_runs,
     with_node_timeout,
 )
 
@@ -409,10 +410,8 @@ def test_a_late_grant_of_another_slot_is_released_with_the_slot(
         assert sem.release()
     finally:
         nodes[2].resume()
-    deadline = time.monotonic() + 10.0
-    while script_runs(nodes[2]) < before + 2:  # the late acquire, then the release
-        assert time.monotonic() < deadline, "node 2 never ran the acquire and the release"
-        time.sleep(0.01)
+    # the late acquire, then the release
+    wait_for_script_runs(nodes[2], before + 2, "the acquire and the release")
     assert value not in holders(nodes, "late")[2].values()
     assert holders(nodes, "late") == [{}, {}, {"0": "other"}]
 
@@ -437,10 +436,8 @@ def test_a_release_does_not_count_a_late_grant_of_another_slot_as_its_slot(
         assert a.slot == 0
     finally:
         nodes[2].resume()
-    deadline = time.monotonic() + 10.0
-    while script_runs(nodes[2]) < before + 1:  # the late acquire
-        assert time.monotonic() < deadline, "node 2 never ran the late acquire"
-        time.sleep(0.01)
+    # the late acquire
+    wait_for_script_runs(nodes[2], before + 1, "the late acquire")
     assert holders(nodes, "stray-count")[2] == {"0": "other", "1": a.value}
     time.sleep(1.1)  # "other" expires on node 2
     nodes[1].restart()  # empty
@@ -502,11 +499,8 @@ def test_a_give_up_in_a_large_batch_sweeps_a_late_grant(servers: Any, make_redlo
         assert sem.lost_reason
     finally:
         nodes[2].resume()
-    deadline = time.monotonic() + 10.0
     # node 2 runs: the acquire and the renewal (interactive), the sweep and 64 releases (bulk)
-    while script_runs(nodes[2]) < before + 67:
-        assert time.monotonic() < deadline, "node 2 never ran the acquire and the give-up"
-        time.sleep(0.01)
+    wait_for_script_runs(nodes[2], before + 67, "the acquire and the give-up")
     assert holders(nodes, name) == [{}, {}, {"0": "other"}], (
         f"a slot holding {value!r} outlived its give-up"
     )
@@ -539,11 +533,10 @@ def test_a_release_sweeps_the_nodes_its_own_acquisition_never_heard(
     finally:
         nodes[2].resume()
     first = sem.value
-    deadline = time.monotonic() + 10.0
-    while script_runs(nodes[2]) < before + 1:  # the late acquire
-        assert time.monotonic() < deadline, "node 2 never ran the late acquire"
-        time.sleep(0.01)
+    # the late acquire
+    wait_for_script_runs(nodes[2], before + 1, "the late acquire")
     assert holders(nodes, name)[2] == {"0": "other", "1": first}
+    deadline = time.monotonic() + 10.0
     while isinstance(redlock.inspect("anything")[2], NodeFailure):
         assert time.monotonic() < deadline, "node 2 never answered again"
         time.sleep(0.01)  # node 2 answers again: not suspect, heard by the next attempt
@@ -800,10 +793,8 @@ def test_release_by_owner_sweeps_a_late_grant_of_a_dead_task_process(
         assert redlock.release_semaphore_owner(name, "task-1", "host:10") == 2
     finally:
         nodes[2].resume()
-    deadline = time.monotonic() + 10.0
-    while script_runs(nodes[2]) < before + 2:  # the release by owner and the late acquire
-        assert time.monotonic() < deadline, "node 2 never ran the acquire and the release"
-        time.sleep(0.01)
+    # the release by owner and the late acquire
+    wait_for_script_runs(nodes[2], before + 2, "the acquire and the release")
     left = holders(nodes, name)
     assert all(value not in slots.values() for slots in left), (
         f"a slot of the dead run outlived its release by owner: {left}"
