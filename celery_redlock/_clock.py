@@ -32,6 +32,17 @@ def to_ms(seconds: float) -> int:
     return max(1, math.ceil(round(seconds * 1000, 3)))
 
 
+#: How long :func:`pause` sleeps (seconds): more than nothing, so that it waits for the loop.
+_PAUSE = 1e-6
+
+
 def pause() -> None:
-    """Let other threads and gevent greenlets run: ``sleep(0)`` yields the GIL and the loop."""
-    _time.sleep(0)
+    """Let other threads and greenlets run, timers and I/O included.
+
+    Not ``sleep(0)``: under gevent that only queues the caller behind the other ready
+    greenlets, and the loop runs up to 50 such callbacks before it looks at the clock again,
+    so a sleeping greenlet's timer could wait through many pauses (a 10,000-lock renewal held
+    it for 27-48 ms). A sleep of a microsecond is a timer: the loop polls and runs expired
+    timers first. In threads it gives the GIL to another thread for the sleep's ~50 µs.
+    """
+    _time.sleep(_PAUSE)

@@ -85,8 +85,10 @@ def renew(redlock: LockNodes, leases: Sequence[Renewable]) -> list[str]:
         lost = [leases[p] for p in taken if outcomes[p] == LOST and leases[p].value is not None]
         _give_up(redlock, lost)
     finally:
-        for position in taken:
+        for count, position in enumerate(taken, start=1):
             leases[position].end_renewal()
+            if count % _clock.PAUSE_EVERY == 0:
+                _clock.pause()
     return outcomes
 
 

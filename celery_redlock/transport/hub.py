@@ -18,6 +18,7 @@ from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from .. import _clock
 from .connection import POLLIN, POLLOUT, Link, Slot
 from .error_replies import LinkBroken
 from .operation import Op
@@ -130,7 +131,7 @@ class Hub:
                         # A large batch: let other greenlets and threads run.
                         self.lock.release()
                         try:
-                            time.sleep(0)
+                            _clock.pause()
                         finally:
                             self.lock.acquire()
                         if link.fd != fd:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
+from .. import _clock
 from .commands import Call, Command
 
 __all__ = ["Payload", "packed"]
@@ -93,7 +93,7 @@ def _many(calls: Sequence[Call | Command]) -> Payload:
             size += len(data)
             if size >= _PAUSE_BYTES:
                 size = 0
-                time.sleep(0)  # a large batch: let other greenlets run
+                _clock.pause()  # a large batch: let other greenlets run
         end = offset + len(data)
         if isinstance(call, Call):
             if call.script.sha not in seen:
