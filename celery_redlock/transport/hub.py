@@ -68,9 +68,6 @@ class Hub:
         self.links: set[Link] = set()
         # Every reply on a socket by then has been read: an unmet deadline before it was missed.
         self.drained = 0.0
-        # The leader's poller, kept between polls: each link registered for what it wants.
-        self._poller: Any = None
-        self._polled: dict[int, int] = {}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -157,14 +154,17 @@ class Hub:
                 and now - link.last_used > _BULK_IDLE
             ):
                 self.close_link(link, RedisConnectionError("closed after idling"))
-        if not self.links:
+        watched = {link.fd: link for link in self.links if link.open and not link.connecting}
+        if not watched:
             return
-        poller, links = self.poll_set()
+        poller = _poller()
+        for fd in watched:
+            poller.register(fd, POLLIN)
         try:
             ready = poller.poll(0)
         except OSError:
             return
-        self.handle(ready, links)
+        self.handle(ready, watched)
 
     def unsent(self) -> bool:
         """Whether some link holds commands that have not reached its socket."""
@@ -220,33 +220,14 @@ class Hub:
             os.read(self._wake_r, 4096)
 
     def poll_set(self) -> tuple[Any, dict[int, Link]]:
-        """A poller over every open link and the wake-up pipe, and the links by descriptor.
-
-        Kept from one poll to the next (registering costs more than polling), except under
-        eventlet, whose poller serves one poll.
-        """
-        poller, polled = self._poller, self._polled
-        if poller is None:
-            poller = _poller()
-            if isinstance(poller, _GreenPoller):
-                polled = {}
-            else:
-                self._poller = poller
+        """A poller over every open link and the wake-up pipe, and the links by descriptor."""
+        poller = _poller()
         links: dict[int, Link] = {}
         for link in self.links:
             if link.open:
-                fd, events = link.fd, link.events()
-                links[fd] = link
-                if polled.get(fd) != events:
-                    poller.register(fd, events)
-                    polled[fd] = events
-        if len(polled) != len(links) + 1:
-            for fd in [fd for fd in polled if fd not in links and fd != self._wake_r]:
-                poller.unregister(fd)
-                del polled[fd]
-            if self._wake_r not in polled:
-                poller.register(self._wake_r, POLLIN)
-                polled[self._wake_r] = POLLIN
+                poller.register(link.fd, link.events())
+                links[link.fd] = link
+        poller.register(self._wake_r, POLLIN)
         return poller, links
 
     # -- the two roles -----------------------------------------------------------------

@@ -1,0 +1,133 @@
+"""Lock calls in gevent-patched processes, against real redis-server processes.
+
+Each scenario runs in a subprocess of its own (monkey-patching is for a whole process): a
+thread of gevent's pool polls on its own loop although the main thread polled first, and a
+process patched after its first lock call does not block every greenlet in its polls.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+#: The main thread takes a lock (the hub's first poll), then a thread of gevent's pool takes
+#: another while the main thread computes (its loop not running) for up to 3 s.
+POOL_THREAD_AFTER_MAIN = """
+from gevent import monkey
+
+monkey.patch_all()
+
+import json
+import sys
+import time
+import uuid
+
+import gevent
+
+from celery_redlock import Redlock
+
+redlock = Redlock([sys.argv[1]], node_timeout=1.0)
+prefix = uuid.uuid4().hex
+first = redlock.lock(prefix + ":main", ttl=10.0)
+assert first.acquire(blocking=False)
+assert first.release()
+found = {}
+
+
+def in_pool_thread():
+    started = time.monotonic()
+    try:
+        lock = redlock.lock(prefix + ":thread", ttl=10.0)
+        found["acquired"] = lock.acquire(blocking=False)
+        found["released"] = lock.release() if found["acquired"] else None
+    except Exception as exc:
+        found["error"] = f"{type(exc).__name__}: {exc}"
+    found["seconds"] = time.monotonic() - started
+
+
+task = gevent.get_hub().threadpool.spawn(in_pool_thread)
+busy_until = time.monotonic() + 3.0
+while "seconds" not in found and time.monotonic() < busy_until:
+    pass  # CPU work in the main thread: its gevent loop does not run meanwhile
+task.get()
+print(json.dumps(found))
+"""
+
+#: A fan-out before gevent's monkey-patching, then one waiting 0.5 s for its reply (BLPOP on
+#: an empty list) while a greenlet ticks every 10 ms: the ticks made during that wait.
+PATCHED_AFTER_FIRST_USE = """
+import json
+import sys
+import time
+
+from celery_redlock.transport.nodes import Command, fan_out, make_nodes
+
+nodes = make_nodes([sys.argv[1]], 2.0)
+assert fan_out(nodes, [[Command(("PING",))]], 2.0) == [[b"PONG"]]
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import gevent
+
+ticks = []
+
+
+def ticker():
+    while True:
+        ticks.append(time.monotonic())
+        gevent.sleep(0.01)
+
+
+ticking = gevent.spawn(ticker)
+gevent.sleep(0.05)
+started = time.monotonic()
+result = fan_out(nodes, [[Command(("BLPOP", "nothing-here", "0.5"))]], 2.0)
+took = time.monotonic() - started
+ticking.kill()
+print(json.dumps({
+    "result": repr(result),
+    "took": took,
+    "ticks": len([tick for tick in ticks if tick > started]),
+}))
+"""
+
+
+def run(script: str, *args: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_gevent_pool_thread_polls_on_its_own_loop_after_the_main_thread_did(servers):
+    pytest.importorskip("gevent")
+    # The hub kept the poller the main thread made first: gevent's poll watches on the loop of
+    # the thread that made it, so the pool thread's poll waited on the main thread's loop,
+    # which does not run while the main thread computes: no reply, QuorumUnavailable after 1 s.
+    found = run(POOL_THREAD_AFTER_MAIN, servers[0].url)
+    assert found.get("error") is None, found
+    assert found["acquired"] is True, found
+    assert found["released"] is True, found
+
+
+def test_gevent_patching_after_the_first_call_leaves_no_poll_blocking_every_greenlet(servers):
+    pytest.importorskip("gevent")
+    # The poller is chosen per poll "as patching may come later": a kept select.poll made
+    # before monkey.patch_all() blocks the whole process in every later poll (no tick, or one,
+    # during a 0.5 s wait for a reply, where gevent's poll lets the ticker run ~50 times).
+    found = run(PATCHED_AFTER_FIRST_USE, servers[0].url)
+    assert found["result"] == "[[None]]", found
+    assert found["took"] >= 0.45, found
+    assert found["ticks"] >= 5, found
