@@ -1,8 +1,9 @@
 """Lock calls in gevent-patched processes, against real redis-server processes.
 
 Each scenario runs in a subprocess of its own (monkey-patching is for a whole process): a
-thread of gevent's pool polls on its own loop although the main thread polled first, and a
-process patched after its first lock call does not block every greenlet in its polls.
+renewal killed wherever it yields leaves no lease taken; a thread of gevent's pool polls on its
+own loop although the main thread polled first; a process patched after its first lock call
+does not block every greenlet in its polls.
 """
 
 from __future__ import annotations
@@ -14,6 +15,61 @@ import sys
 import pytest
 
 pytestmark = pytest.mark.integration
+
+#: Holds LOCKS locks, then kills a renewal of all of them at its 1st, 2nd, ... switch to the
+#: loop (every point where it yields), and after each kill asks whether any lease is still
+#: taken (a second renewal answers BUSY for it: its mutex was never given back).
+KILLED_RENEWAL = """
+from gevent import monkey
+
+monkey.patch_all()
+
+import json
+import sys
+import uuid
+
+import gevent
+import greenlet
+
+from celery_redlock import Redlock
+from celery_redlock.lock.quorum import BUSY
+
+url, count = sys.argv[1], int(sys.argv[2])
+redlock = Redlock([url], node_timeout=2.0)
+prefix = uuid.uuid4().hex
+locks = [redlock.lock(f"{prefix}:{n}", ttl=60.0) for n in range(count)]
+for lock in locks:
+    assert lock.acquire(blocking=False)
+
+state = {"renewer": None, "switches": 0}
+
+
+def trace(event, args):
+    if event in ("switch", "throw") and args[0] is state["renewer"]:
+        state["switches"] += 1
+
+
+greenlet.settrace(trace)
+kills = []
+at = 1
+while at < 200:
+    state["switches"] = 0
+    renewer = state["renewer"] = gevent.spawn(redlock.renew, locks)
+    while not renewer.dead and state["switches"] < at:
+        gevent.sleep(0)
+    if renewer.dead:
+        break  # it finished in fewer switches: every one was tried
+    where = state["switches"]
+    renewer.kill()
+    state["renewer"] = None
+    busy = redlock.renew(locks).count(BUSY)
+    kills.append([where, busy])
+    if busy:
+        break  # taken for good: the next kills would all see them
+    at += 1
+greenlet.settrace(None)
+print(json.dumps({"kills": kills}))
+"""
 
 #: The main thread takes a lock (the hub's first poll), then a thread of gevent's pool takes
 #: another while the main thread computes (its loop not running) for up to 3 s.
@@ -131,3 +187,15 @@ def test_gevent_patching_after_the_first_call_leaves_no_poll_blocking_every_gree
     assert found["result"] == "[[None]]", found
     assert found["took"] >= 0.45, found
     assert found["ticks"] >= 5, found
+
+
+def test_a_renewal_killed_wherever_it_yields_gives_every_lease_back_under_gevent(servers):
+    pytest.importorskip("gevent")
+    # 600 leases: the clean-up (end_renewal of each) pauses after the 256th and 512th. A
+    # GreenletExit (gevent.kill, a gevent.Timeout) delivered in one of those pauses left the
+    # leases after it taken for good: every later renewal, extend or release of them BUSY.
+    found = run(KILLED_RENEWAL, servers[0].url, "600")
+    kills = found["kills"]
+    assert kills, found
+    stuck = [(switch, busy) for switch, busy in kills if busy]
+    assert stuck == [], f"killed at switch {stuck[0][0]}: {stuck[0][1]} of 600 leases still taken"
