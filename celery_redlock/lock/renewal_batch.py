@@ -85,10 +85,27 @@ def renew(redlock: LockNodes, leases: Sequence[Renewable]) -> list[str]:
         lost = [leases[p] for p in taken if outcomes[p] == LOST and leases[p].value is not None]
         _give_up(redlock, lost)
     finally:
-        # No pause here: a greenlet killed in one would leave the rest taken for good.
-        for position in taken:
-            leases[position].end_renewal()
+        _end_renewals(leases, taken)
     return outcomes
+
+
+def _end_renewals(leases: Sequence[Renewable], taken: Sequence[int]) -> None:
+    """End the renewal of each lease of ``taken``, pausing between chunks.
+
+    A kill in a pause (``GreenletExit``, ``gevent.Timeout``) still ends the rest first: a lease
+    left taken would answer BUSY to every later renewal, extend and release.
+    """
+    every = _clock.PAUSE_EVERY
+    for start in range(0, len(taken), every):
+        if start:
+            try:
+                _clock.pause()
+            except BaseException:
+                for position in taken[start:]:
+                    leases[position].end_renewal()
+                raise
+        for position in taken[start : start + every]:
+            leases[position].end_renewal()
 
 
 def place(redlock: LockNodes, renewed: Sequence[tuple[Renewable, int, Collection[int]]]) -> int:
