@@ -1,9 +1,9 @@
 """Lock calls in gevent-patched processes, against real redis-server processes.
 
-Each scenario runs in a subprocess of its own (monkey-patching is for a whole process): a
-renewal killed wherever it yields leaves no lease taken; a thread of gevent's pool polls on its
-own loop although the main thread polled first; a process patched after its first lock call
-does not block every greenlet in its polls.
+Each scenario runs in a subprocess of its own (monkey-patching is for a whole process): a long
+loop's pause lets a sleeping greenlet's timer run; a renewal killed wherever it yields leaves no
+lease taken; a thread of gevent's pool polls on its own loop although the main thread polled
+first; a process patched after its first lock call does not block every greenlet in its polls.
 """
 
 from __future__ import annotations
@@ -15,6 +15,40 @@ import sys
 import pytest
 
 pytestmark = pytest.mark.integration
+
+#: A greenlet sleeps 1 ms; the main one works 2 ms between pauses (so the
+#: timer is due at each) and counts the pauses made before the sleeper ran.
+SLEEPER_UNDER_LOAD = """
+from gevent import monkey
+
+monkey.patch_all()
+
+import json
+import time
+
+import gevent
+
+from celery_redlock import _clock
+
+state = {"pauses": 0, "woke": None}
+
+
+def sleeper():
+    gevent.sleep(0.001)
+    state["woke"] = state["pauses"]
+
+
+gevent.spawn(sleeper)
+gevent.sleep(0)  # the sleeper starts and sets its timer
+while state["woke"] is None and state["pauses"] < 500:
+    busy_until = time.monotonic() + 0.002
+    while time.monotonic() < busy_until:
+        pass
+    _clock.pause()
+    state["pauses"] += 1
+print(json.dumps({"woke": state["woke"]}))
+"""
+
 
 #: Holds LOCKS locks, then kills a renewal of all of them at its 1st, 2nd, ... switch to the
 #: loop (every point where it yields), and after each kill asks whether any lease is still
@@ -199,3 +233,12 @@ def test_a_renewal_killed_wherever_it_yields_gives_every_lease_back_under_gevent
     assert kills, found
     stuck = [(switch, busy) for switch, busy in kills if busy]
     assert stuck == [], f"killed at switch {stuck[0][0]}: {stuck[0][1]} of 600 leases still taken"
+
+
+def test_a_pause_in_a_long_loop_lets_a_due_timer_run_under_gevent():
+    pytest.importorskip("gevent")
+    # sleep(0) only queued the caller behind the ready greenlets: the loop ran
+    # about 50 such turns before it polled and ran expired timers again, so a
+    # 10,000-lock renewal kept a sleeping greenlet waiting for 27-48 ms.
+    found = run(SLEEPER_UNDER_LOAD)
+    assert found["woke"] == 0  # woken in the first pause after it was due
