@@ -32,17 +32,20 @@ def to_ms(seconds: float) -> int:
     return max(1, math.ceil(round(seconds * 1000, 3)))
 
 
-#: How long :func:`pause` sleeps (seconds): more than nothing, so that it waits for the loop.
-_PAUSE = 1e-6
+#: How long :func:`pause` sleeps (seconds) where a green library patched ``time.sleep``.
+_GREEN_PAUSE = 1e-6
 
 
 def pause() -> None:
     """Let other threads and greenlets run, timers and I/O included.
 
-    Not ``sleep(0)``: under gevent that only queues the caller behind the other ready
-    greenlets, and the loop runs up to 50 such callbacks before it looks at the clock again,
-    so a sleeping greenlet's timer could wait through many pauses (a 10,000-lock renewal held
-    it for 27-48 ms). A sleep of a microsecond is a timer: the loop polls and runs expired
-    timers first. In threads it gives the GIL to another thread for the sleep's ~50 µs.
+    In threads, ``sleep(0)``: the GIL goes to a waiting thread, and the caller is back at once
+    (a real sleep, however short, waits for the scheduler on a busy machine). Where gevent or
+    eventlet patched ``time.sleep``, a sleep of a microsecond: ``sleep(0)`` only queues the
+    caller behind the other ready greenlets, and gevent's loop runs up to 50 such callbacks
+    before it looks at the clock again, so a sleeping greenlet's timer waited through many
+    pauses (a 10,000-lock renewal held it for 27-48 ms). A timer makes the loop poll and run
+    what is due first.
     """
-    _time.sleep(_PAUSE)
+    sleep = _time.sleep
+    sleep(0 if getattr(sleep, "__module__", None) == "time" else _GREEN_PAUSE)
