@@ -62,15 +62,23 @@ def landed_everywhere(redlock: Redlock, *names: str, timeout: float = 5.0) -> No
             time.sleep(0.01)
 
 
-def count_fan_outs(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
-    """Record, for each renewal fan-out from now on, the number of calls sent to each node."""
+def count_fan_outs(
+    monkeypatch: pytest.MonkeyPatch, *, this_thread: bool = False
+) -> list[list[int]]:
+    """Record, for each renewal fan-out from now on, the number of calls sent to each node.
+
+    ``this_thread``: only those the calling thread makes (not the process heartbeat's rounds,
+    which renew every auto-renewed lease a test holds whenever a round falls due).
+    """
     from celery_redlock.lock import renewal_batch
 
     fan_outs: list[list[int]] = []
     real_fan_out = renewal_batch.fan_out
+    counted = threading.current_thread() if this_thread else None
 
     def counting_fan_out(nodes: Any, calls: Any, timeout: float, **options: Any) -> Any:
-        fan_outs.append([len(node_calls) for node_calls in calls])
+        if counted is None or threading.current_thread() is counted:
+            fan_outs.append([len(node_calls) for node_calls in calls])
         return real_fan_out(nodes, calls, timeout, **options)
 
     monkeypatch.setattr(renewal_batch, "fan_out", counting_fan_out)

@@ -161,7 +161,7 @@ def test_a_renewal_round_places_what_one_node_lost_while_a_majority_holds_it(
     # it, which this round does before it places anything.
     adopted = redlock.lock("heal-adopted", ttl=TTL, token=other.value)
     nodes[2].flush()  # node 2 came back empty: no keys, no scripts
-    fan_outs = count_fan_outs(monkeypatch)
+    fan_outs = count_fan_outs(monkeypatch, this_thread=True)
     caplog.set_level(logging.INFO, logger="celery_redlock.lock")
     sent = time.monotonic()
     with key_events(nodes, [*keys, other.key]) as events:
