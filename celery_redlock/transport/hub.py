@@ -235,6 +235,13 @@ class Hub:
     def lead(self, op: Op) -> None:
         """Poll every link until ``op`` is finished (the lock is held on entry and exit)."""
         lock = self.lock
+        # Replies a leader read but had not handed out when it was interrupted (a kill in
+        # handle's pause between two chunks): no poll reports them again.
+        buffered = {
+            link.fd: link for link in self.links if link.inbuf and link.open and not link.connecting
+        }
+        if buffered:
+            self.handle([(fd, POLLIN) for fd in buffered], buffered)
         while True:
             if op.finished:
                 return

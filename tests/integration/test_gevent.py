@@ -1,9 +1,11 @@
-"""Lock calls in gevent-patched processes, against real redis-server processes.
+"""Lock calls in green processes (gevent, and eventlet where it differs), against real servers.
 
 Each scenario runs in a subprocess of its own (monkey-patching is for a whole process): a long
 loop's pause lets a sleeping greenlet's timer run; a renewal killed wherever it yields leaves no
-lease taken; a thread of gevent's pool polls on its own loop although the main thread polled
-first; a process patched after its first lock call does not block every greenlet in its polls.
+lease taken; a leader killed in its pause between two chunks of replies leaves no other caller's
+reply in the buffer; a thread of gevent's pool polls on its own loop although the main thread
+polled first; a process patched after its first lock call does not block every greenlet in its
+polls.
 """
 
 from __future__ import annotations
@@ -189,6 +191,144 @@ print(json.dumps({
 """
 
 
+#: Greenlet A sends 600 calls (an EVAL that keeps the node busy 50 ms, then 600 PINGs) and
+#: leads; greenlet B, a follower, queues 100 ECHOs on the same bulk connection while it is
+#: still connecting, so both batches leave in one write and their replies come back in one
+#: read. A third greenlet kills A where it yields in Hub.handle, between two chunks of 256
+#: replies (a gevent.Timeout or gevent.kill of the task that leads). B's replies are already
+#: in the link's buffer then: B should have them at once.
+LEADER_KILLED_IN_ITS_PAUSE = """
+from gevent import monkey
+
+monkey.patch_all()
+
+import json
+import sys
+import time
+
+import gevent
+
+from celery_redlock.transport.nodes import Command, fan_out, make_nodes
+
+nodes = make_nodes([sys.argv[1]], 1.0)
+BUSY = (
+    "local t = redis.call('TIME') local e = t[1] * 1000000 + t[2] + 50000 "
+    "while true do t = redis.call('TIME') if t[1] * 1000000 + t[2] >= e then break end end "
+    "return 1"
+)
+assert fan_out(nodes, [[Command(("PING",))]], 1.0) == [[b"PONG"]]
+state = {}
+
+
+def in_the_hubs_pause(glet):
+    frame, names = glet.gr_frame, []
+    while frame is not None:
+        names.append((frame.f_code.co_name, frame.f_code.co_filename))
+        frame = frame.f_back
+    return any(n == "pause" and f.endswith("_clock.py") for n, f in names) and any(
+        n == "handle" and f.endswith("hub.py") for n, f in names
+    )
+
+
+def killer():
+    for _ in range(100000):
+        if leader.dead:
+            return
+        if in_the_hubs_pause(leader):
+            state["killed"] = True
+            leader.kill(block=False)
+            return
+        gevent.sleep(0)
+
+
+def lead():
+    fan_out(nodes, [[Command(("EVAL", BUSY, "0"))] + [Command(("PING",))] * 600], 1.0)
+
+
+def follow():
+    started = time.monotonic()
+    result = fan_out(nodes, [[Command(("ECHO", "b"))] * 100], 1.0)
+    state["result"] = repr(result)[:300]
+    state["ok"] = result == [[b"b"] * 100]
+    state["took"] = time.monotonic() - started
+
+
+leader = gevent.spawn(lead)
+follower = gevent.spawn(follow)
+gevent.spawn(killer)
+gevent.joinall([leader, follower], timeout=10)
+print(json.dumps(state))
+"""
+
+#: The same under eventlet: the leader green thread killed in that pause.
+LEADER_KILLED_IN_ITS_PAUSE_EVENTLET = """
+import eventlet
+
+eventlet.monkey_patch()
+
+import json
+import sys
+import time
+
+import eventlet.greenthread
+
+from celery_redlock.transport.nodes import Command, fan_out, make_nodes
+
+nodes = make_nodes([sys.argv[1]], 1.0)
+BUSY = (
+    "local t = redis.call('TIME') local e = t[1] * 1000000 + t[2] + 50000 "
+    "while true do t = redis.call('TIME') if t[1] * 1000000 + t[2] >= e then break end end "
+    "return 1"
+)
+assert fan_out(nodes, [[Command(("PING",))]], 1.0) == [[b"PONG"]]
+state = {}
+
+
+def in_the_hubs_pause(glet):
+    frame, names = glet.gr_frame, []
+    while frame is not None:
+        names.append((frame.f_code.co_name, frame.f_code.co_filename))
+        frame = frame.f_back
+    return any(n == "pause" and f.endswith("_clock.py") for n, f in names) and any(
+        n == "handle" and f.endswith("hub.py") for n, f in names
+    )
+
+
+def killer():
+    for _ in range(100000):
+        if leader.dead:
+            return
+        if in_the_hubs_pause(leader):
+            state["killed"] = True
+            eventlet.spawn_n(leader.kill)
+            return
+        eventlet.sleep(0)
+
+
+def lead():
+    fan_out(nodes, [[Command(("EVAL", BUSY, "0"))] + [Command(("PING",))] * 600], 1.0)
+
+
+def follow():
+    started = time.monotonic()
+    result = fan_out(nodes, [[Command(("ECHO", "b"))] * 100], 1.0)
+    state["result"] = repr(result)[:300]
+    state["ok"] = result == [[b"b"] * 100]
+    state["took"] = time.monotonic() - started
+
+
+leader = eventlet.spawn(lead)
+follower = eventlet.spawn(follow)
+eventlet.spawn(killer)
+for g in (leader, follower):
+    try:
+        g.wait()
+    except BaseException as e:
+        state.setdefault("errors", []).append(repr(e))
+print(json.dumps(state))
+"""
+
+
 def run(script: str, *args: str) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", script, *args],
@@ -242,3 +382,21 @@ def test_a_pause_in_a_long_loop_lets_a_due_timer_run_under_gevent():
     # 10,000-lock renewal kept a sleeping greenlet waiting for 27-48 ms.
     found = run(SLEEPER_UNDER_LOAD)
     assert found["woke"] == 0  # woken in the first pause after it was due
+
+
+def test_a_leader_killed_in_its_pause_leaves_no_follower_reply_stranded_under_gevent(servers):
+    pytest.importorskip("gevent")
+    # Hub.handle releases the lock and pauses between chunks of 256 replies; a kill there
+    # (GreenletExit, gevent.Timeout) left the rest of the link's buffer undispatched. The next
+    # leader only polls the socket, which has nothing more to read: the follower whose replies
+    # sat in that buffer waited out its whole node timeout and got a NodeFailure (TimeoutError).
+    found = run(LEADER_KILLED_IN_ITS_PAUSE, servers[0].url)
+    assert found.get("killed"), found
+    assert found.get("ok"), found
+
+
+def test_a_leader_killed_in_its_pause_leaves_no_follower_reply_stranded_under_eventlet(servers):
+    pytest.importorskip("eventlet")
+    found = run(LEADER_KILLED_IN_ITS_PAUSE_EVENTLET, servers[0].url)
+    assert found.get("killed"), found
+    assert found.get("ok"), found
