@@ -26,6 +26,8 @@ logger = logging.getLogger("celery_redlock.lock")
 _RENEW_CHUNK = 200
 #: Seconds per lock of a batch beyond the node timeout (ten times a node's 2 µs per lock).
 _RENEW_ALLOWANCE = 20e-6
+#: Leases given up per round trip: a few milliseconds of a node's time.
+_GIVE_UP_CHUNK = 1000
 
 
 def _load(scripts: Sequence[Call]) -> list[Call | Command]:
@@ -199,10 +201,16 @@ def _settle(
 
 
 def _give_up(redlock: LockNodes, leases: Sequence[Renewable]) -> None:
-    """Forget ``leases`` and delete them wherever they are still theirs: one round trip."""
+    """Forget ``leases`` and delete them wherever they are still theirs.
+
+    One round trip per :data:`_GIVE_UP_CHUNK` leases: a give-up goes behind the process's
+    earlier calls on a node's interactive connection while that connection owes replies, and
+    an acquire queued behind it waits for one chunk, not for thousands of deletions.
+    """
     calls = [lease.give_up_call() for lease in leases]
-    if calls:
-        pipeline = [*_load(calls), *calls]
+    nodes = redlock.nodes
+    for first in range(0, len(calls), _GIVE_UP_CHUNK):
+        chunk = calls[first : first + _GIVE_UP_CHUNK]
+        pipeline = [*_load(chunk), *chunk]
         # Behind each lease's own acquisition on the node, which may have run late there.
-        nodes = redlock.nodes
         fan_out(nodes, [pipeline] * len(nodes), redlock.node_timeout, ordered=True)

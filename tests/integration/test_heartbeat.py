@@ -6,6 +6,7 @@ import gc
 import re
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -310,6 +311,7 @@ def test_a_large_give_up_takes_the_bulk_connection_when_nothing_is_owed(
     nodes = list(servers)[:3]
     redlock = make_redlock(nodes, node_timeout=2.0)
     count = 30000
+    chunk = renewal_batch._GIVE_UP_CHUNK  # leases given up per round trip
     # Leases held elsewhere (built from their tokens), gone from every node:
     # the renewal finds each one lost and gives it up.
     gone = [redlock.lock(f"gone:{n}", ttl=30.0, token=f"{n:032x}|t|w") for n in range(count)]
@@ -324,16 +326,71 @@ def test_a_large_give_up_takes_the_bulk_connection_when_nothing_is_owed(
         interactive = [node.link() for node in redlock.nodes]
         bulk = [node.link(bulk=True) for node in redlock.nodes]
         deadline = time.monotonic() + 30.0
-        # The give-up is queued on node 0 (one slot for all its replies).
+        # A chunk of the give-up is queued on node 0 (one slot for its replies).
         while not any(
-            slot.count >= count for link in (interactive[0], bulk[0]) for slot in list(link.pending)
+            slot.count >= chunk for link in (interactive[0], bulk[0]) for slot in list(link.pending)
         ):
             assert renewal.is_alive() or outcomes, "the renewal ended early"
             assert time.monotonic() < deadline, "the give-up was never queued"
             time.sleep(0.0005)
-        assert not any(slot.count >= count for slot in list(interactive[0].pending))
+        assert not any(slot.count >= chunk for slot in list(interactive[0].pending))
         assert fresh.acquire(blocking=False), "a free lock was refused"
         fresh.release()
     finally:
         renewal.join()
     assert outcomes == [redlock_module.LOST] * count
+
+
+def test_a_large_give_up_refuses_no_free_lock_while_other_threads_take_locks(
+    servers: Any, make_redlock: Any
+) -> None:
+    # The heartbeat's give-up of lost leases is ordered behind the process's earlier calls:
+    # while a node's interactive connection owes replies it goes there. In a process where
+    # other threads take and free locks that connection nearly always owes one, so a give-up of
+    # 30,000 leases in one batch stood between every acquire on that node and its answer (the
+    # default 50 ms node timeout): free locks were refused with QuorumUnavailable. It now goes
+    # 1,000 leases per round trip, and an acquire waits for one chunk at most.
+    nodes = list(servers)[:3]
+    redlock = make_redlock(nodes)
+    count = 30000
+    # Leases held elsewhere (built from their tokens), gone from every node: each renewal
+    # finds them all lost and gives them up. Two rounds of them.
+    rounds = [
+        [redlock.lock(f"gone:{r}:{n}", ttl=30.0, token=f"{n:032x}|t|w") for n in range(count)]
+        for r in range(2)
+    ]
+    fresh = redlock.lock("fresh", ttl=30.0)
+    assert fresh.acquire(blocking=False)  # connections open, scripts loaded
+    assert fresh.release()
+
+    stop = threading.Event()
+    refused: list[str] = []
+    taken = [0]
+
+    def take_and_free(worker: int) -> None:
+        while not stop.is_set():
+            lock = redlock.lock(f"free:{worker}:{uuid.uuid4().hex}", ttl=10.0)
+            try:
+                got = lock.acquire(blocking=False)
+            except Exception as exc:  # QuorumUnavailable
+                refused.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+                continue
+            if not got:
+                refused.append("acquire returned False")
+                continue
+            taken[0] += 1
+            lock.release()
+
+    workers = [threading.Thread(target=take_and_free, args=(n,)) for n in range(4)]
+    for worker in workers:
+        worker.start()
+    try:
+        time.sleep(0.1)
+        outcomes = [redlock.renew(gone) for gone in rounds]
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+    assert outcomes == [[redlock_module.LOST] * count] * 2
+    assert taken[0] > 0
+    assert refused == [], f"{len(refused)} free locks refused ({taken[0]} taken): {refused[0]}"
