@@ -191,22 +191,48 @@ print(json.dumps({
 """
 
 
-#: Greenlet A sends 600 calls (an EVAL that keeps the node busy a moment, then 600 PINGs) and
-#: leads; greenlet B, a follower, queues 100 ECHOs on the same bulk connection while it is
-#: still connecting, so both batches leave in one write and their replies come back in one
-#: read. A third greenlet kills A where it yields in Hub.handle, between two chunks of 256
-#: replies (a gevent.Timeout or gevent.kill of the task that leads). B's replies are already
-#: in the link's buffer then: B should have them at once.
+#: Green thread A sends 600 calls (an EVAL that keeps the node busy a moment, then 600 PINGs)
+#: and leads; green thread B, a follower, queues 100 ECHOs on the same bulk connection while it
+#: is still connecting, so both batches leave in one write and their replies come back in one
+#: read. A third kills A where it yields in Hub.handle, between two chunks of 256 replies (a
+#: gevent.Timeout or a kill of the task that leads). B's replies are already in the link's
+#: buffer then: B should have them at once. The library: gevent or eventlet (argument 2).
 LEADER_KILLED_IN_ITS_PAUSE = """
-from gevent import monkey
+import sys
 
-monkey.patch_all()
+if sys.argv[2] == "gevent":
+    from gevent import monkey
+
+    monkey.patch_all()
+    import gevent
+
+    spawn, yield_now = gevent.spawn, lambda: gevent.sleep(0)
+
+    def kill(glet):
+        glet.kill(block=False)
+
+    def wait(glets):
+        gevent.joinall(glets, timeout=10)
+
+else:
+    import eventlet
+
+    eventlet.monkey_patch()
+    spawn, yield_now = eventlet.spawn, lambda: eventlet.sleep(0)
+
+    def kill(glet):
+        eventlet.spawn_n(glet.kill)
+
+    def wait(glets):
+        for glet in glets:
+            try:
+                glet.wait()
+            except BaseException as exc:  # the leader's GreenletExit
+                state.setdefault("errors", []).append(repr(exc))
+
 
 import json
-import sys
 import time
-
-import gevent
 
 from celery_redlock.transport.nodes import Command, fan_out, make_nodes
 
@@ -233,9 +259,9 @@ def killer():
             return
         if in_the_hubs_pause(leader):
             state["killed"] = True
-            leader.kill(block=False)
+            kill(leader)
             return
-        gevent.sleep(0)
+        yield_now()
 
 
 def lead():
@@ -250,75 +276,10 @@ def follow():
     state["took"] = time.monotonic() - started
 
 
-leader = gevent.spawn(lead)
-follower = gevent.spawn(follow)
-gevent.spawn(killer)
-gevent.joinall([leader, follower], timeout=10)
-print(json.dumps(state))
-"""
-
-#: The same under eventlet: the leader green thread killed in that pause.
-LEADER_KILLED_IN_ITS_PAUSE_EVENTLET = """
-import eventlet
-
-eventlet.monkey_patch()
-
-import json
-import sys
-import time
-
-import eventlet.greenthread
-
-from celery_redlock.transport.nodes import Command, fan_out, make_nodes
-
-nodes = make_nodes([sys.argv[1]], 1.0)
-# A counted loop, not TIME: Valkey's TIME stands still inside a script.
-BUSY = "local x = 0 for i = 1, 3000000 do x = x + i end return 1"
-assert fan_out(nodes, [[Command(("PING",))]], 1.0) == [[b"PONG"]]
-state = {}
-
-
-def in_the_hubs_pause(glet):
-    frame, names = glet.gr_frame, []
-    while frame is not None:
-        names.append((frame.f_code.co_name, frame.f_code.co_filename))
-        frame = frame.f_back
-    return any(n == "pause" and f.endswith("_clock.py") for n, f in names) and any(
-        n == "handle" and f.endswith("hub.py") for n, f in names
-    )
-
-
-def killer():
-    for _ in range(100000):
-        if leader.dead:
-            return
-        if in_the_hubs_pause(leader):
-            state["killed"] = True
-            eventlet.spawn_n(leader.kill)
-            return
-        eventlet.sleep(0)
-
-
-def lead():
-    fan_out(nodes, [[Command(("EVAL", BUSY, "0"))] + [Command(("PING",))] * 600], 1.0)
-
-
-def follow():
-    started = time.monotonic()
-    result = fan_out(nodes, [[Command(("ECHO", "b"))] * 100], 1.0)
-    state["result"] = repr(result)[:300]
-    state["ok"] = result == [[b"b"] * 100]
-    state["took"] = time.monotonic() - started
-
-
-leader = eventlet.spawn(lead)
-follower = eventlet.spawn(follow)
-eventlet.spawn(killer)
-for g in (leader, follower):
-    try:
-        g.wait()
-    except BaseException as e:
-        state.setdefault("errors", []).append(repr(e))
+leader = spawn(lead)
+follower = spawn(follow)
+spawn(killer)
+wait([leader, follower])
 print(json.dumps(state))
 """
 
@@ -384,13 +345,13 @@ def test_a_leader_killed_in_its_pause_leaves_no_follower_reply_stranded_under_ge
     # (GreenletExit, gevent.Timeout) left the rest of the link's buffer undispatched. The next
     # leader only polls the socket, which has nothing more to read: the follower whose replies
     # sat in that buffer waited out its whole node timeout and got a NodeFailure (TimeoutError).
-    found = run(LEADER_KILLED_IN_ITS_PAUSE, servers[0].url)
+    found = run(LEADER_KILLED_IN_ITS_PAUSE, servers[0].url, "gevent")
     assert found.get("killed"), found
     assert found.get("ok"), found
 
 
 def test_a_leader_killed_in_its_pause_leaves_no_follower_reply_stranded_under_eventlet(servers):
     # eventlet is not imported here: its import makes every later fork in this process warn.
-    found = run(LEADER_KILLED_IN_ITS_PAUSE_EVENTLET, servers[0].url)
+    found = run(LEADER_KILLED_IN_ITS_PAUSE, servers[0].url, "eventlet")
     assert found.get("killed"), found
     assert found.get("ok"), found
