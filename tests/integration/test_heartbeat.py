@@ -334,6 +334,9 @@ def test_a_large_give_up_takes_the_bulk_connection_when_nothing_is_owed(
             assert time.monotonic() < deadline, "the give-up was never queued"
             time.sleep(0.0005)
         assert not any(slot.count >= chunk for slot in list(interactive[0].pending))
+        # At most one chunk per round trip (and its SCRIPT LOAD), never the whole give-up.
+        queued = [slot.count for link in (interactive[0], bulk[0]) for slot in list(link.pending)]
+        assert max(queued, default=0) <= chunk + 1, queued
         assert fresh.acquire(blocking=False), "a free lock was refused"
         fresh.release()
     finally:
